@@ -1,0 +1,53 @@
+# cachemesh front door: `make run` brings the mesh up, `make test` proves it works.
+# Heavy downloads are cached outside the checkout: pip's wheel cache (~/.cache/pip) and the Kafka
+# jars (~/.cache/cachemesh, or $CACHEMESH_CACHE_DIR).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help setup run test test-unit test-integration bench lint format schemas clean
+
+help: ## List the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (cached)
+	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; ensure_kafka_jars()"
+
+run: setup ## Start broker, Postgres and every service on embedded defaults (Ctrl-C stops all)
+	$(VENV)/bin/cachemesh up
+
+test: setup ## Unit and integration tests against real Kafka, tansu and Postgres
+	$(PY) -m pytest
+
+test-unit: setup ## Unit tests only (no sockets, no servers)
+	$(PY) -m pytest tests/unit
+
+test-integration: setup ## Integration tests only
+	$(PY) -m pytest tests/integration
+
+bench: setup ## Benchmarks: print comparison tables (not part of the tests)
+	$(PY) -m bench
+
+lint: setup ## ruff lint + format check, mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy schemas services streams infra
+
+format: setup ## Apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+schemas: setup ## Re-export JSON Schema files and golden payloads for new event types
+	$(VENV)/bin/cachemesh schemas export
+
+clean: ## Remove the venv and caches inside the checkout
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info

@@ -1,0 +1,240 @@
+"""`cachemesh up`: one command that brings the mesh up on one machine and takes it down again.
+
+Starts the broker and Postgres (embedded unless KAFKA_BOOTSTRAP / DATABASE_URL say otherwise),
+creates the catalogue's topics, applies migrations, then runs every service that exists
+(`services/<name>/__main__.py`) as its own process, restarting one that dies. A state file lets
+`cachemesh status` find every component. Ctrl-C stops services first, then Postgres, then the broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pydantic import SecretStr
+
+from infra.brokers import Broker, broker_from_env
+from infra.paths import cache_dir, free_port
+from infra.postgres import Postgres, postgres_from_env, redact_dsn
+from infra.process import ServerProcess
+from infra.topics import ensure_topics
+from services.runtime.postgres import Database, apply_migrations
+from services.runtime.settings import PostgresSettings
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVICES_DIR = REPO_ROOT / "services"
+NOT_SERVICES = {"runtime"}
+
+
+def run_dir() -> Path:
+    return cache_dir() / "run"
+
+
+def state_path() -> Path:
+    return run_dir() / "state.json"
+
+
+def discover_services(services_dir: Path = SERVICES_DIR) -> list[str]:
+    """Every `services/<name>/` with a `__main__.py` is a service the launcher runs."""
+    return sorted(
+        p.parent.name
+        for p in services_dir.glob("*/__main__.py")
+        if p.parent.name not in NOT_SERVICES and not p.parent.name.startswith("_")
+    )
+
+
+@dataclass
+class ServiceProcess:
+    """A service as a child process, restarted with backoff when it dies."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    metrics_port: int
+    proc: ServerProcess | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    healthy: bool = False
+    detail: str = "starting"
+    _next_start: float = 0.0
+
+    @property
+    def health_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/healthz"
+
+    def start(self) -> None:
+        self.proc = ServerProcess(
+            [sys.executable, "-m", f"services.{self.name}"],
+            log_path=self.log_path,
+            env=self.env,
+            cwd=REPO_ROOT,
+        )
+        self.started_at = time.monotonic()
+        self.detail = f"pid {self.proc.pid}"
+
+    def supervise(self) -> None:
+        """Restarts a dead process, waiting longer after each crash (1 s, 2 s, ... 30 s)."""
+        if self.proc is None or self.proc.is_alive():
+            return
+        now = time.monotonic()
+        if self._next_start == 0.0:
+            code = self.proc.returncode
+            self.healthy = False
+            self.detail = f"exited ({code}); restarting; log {self.log_path}"
+            log.warning("service exited", extra={"service": self.name, "code": code})
+            self._next_start = now + min(30.0, 2.0**self.restarts)
+        elif now >= self._next_start:
+            self._next_start = 0.0
+            self.restarts += 1
+            self.start()
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        if self.proc is not None:
+            self.proc.stop(timeout_s)
+
+
+@dataclass
+class Mesh:
+    broker: Broker
+    postgres: Postgres
+    service_names: list[str]
+    namespace: str = ""
+    services: list[ServiceProcess] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    async def up(self, on_progress: Callable[[str], None] = lambda _: None) -> None:
+        began = time.monotonic()
+        on_progress("starting broker and Postgres")
+        await asyncio.gather(asyncio.to_thread(self.broker.start), asyncio.to_thread(self.postgres.start))
+        self.timings["broker_start_s"] = self.broker.start_seconds
+        self.timings["postgres_start_s"] = self.postgres.start_seconds
+        on_progress("creating topics")
+        await ensure_topics(self.broker.bootstrap, self.namespace)
+        on_progress("applying migrations")
+        settings = PostgresSettings(database_url=SecretStr(self.postgres.dsn))
+        db = Database(settings)
+        await db.start()
+        try:
+            await apply_migrations(db, settings.cachemesh_embedding_dim)
+        finally:
+            await db.stop()
+        self.timings["infra_ready_s"] = time.monotonic() - began
+        logs = run_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for name in self.service_names:
+            port = free_port()
+            env = {
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
+                "KAFKA_BOOTSTRAP": self.broker.bootstrap,
+                "KAFKA_TOPIC_NAMESPACE": self.namespace,
+                "DATABASE_URL": self.postgres.dsn,
+                f"CACHEMESH_{name.upper()}_METRICS_PORT": str(port),
+            }
+            service = ServiceProcess(name, env, logs / f"{name}.log", port)
+            service.start()
+            self.services.append(service)
+        self.write_state()
+
+    async def poll_health(self, session: aiohttp.ClientSession) -> None:
+        for service in self.services:
+            service.supervise()
+            if service.proc is None or not service.proc.is_alive():
+                service.healthy = False
+                continue
+            service.healthy, service.detail = await http_health(session, service.health_url, service.detail)
+
+    def all_healthy(self) -> bool:
+        return self.broker.is_alive() and self.postgres.is_alive() and all(s.healthy for s in self.services)
+
+    def rows(self) -> list[tuple[str, str, str]]:
+        rows = [
+            ("broker", _state(self.broker.is_alive()), f"{self.broker.name} at {self.broker.bootstrap}"),
+            ("postgres", _state(self.postgres.is_alive()), redact_dsn(self.postgres.dsn)),
+        ]
+        for s in self.services:
+            state = "healthy" if s.healthy else ("starting" if s.proc and s.proc.is_alive() else "down")
+            extra = f" restarts={s.restarts}" if s.restarts else ""
+            rows.append((s.name, state, f"{s.detail} metrics :{s.metrics_port}{extra}"))
+        return rows
+
+    def write_state(self) -> None:
+        raw = self.postgres.dsn
+        state = {
+            "launcher_pid": os.getpid(),
+            "started_at": time.time(),
+            "broker": {"name": self.broker.name, "bootstrap": self.broker.bootstrap},
+            # A DSN with a password is not written down; `status` then reads DATABASE_URL.
+            "postgres": {"dsn": raw if redact_dsn(raw) == raw else None, "dsn_redacted": redact_dsn(raw)},
+            "namespace": self.namespace,
+            "services": [
+                {"name": s.name, "health_url": s.health_url, "log": str(s.log_path)} for s in self.services
+            ],
+        }
+        path = state_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2))
+        tmp.replace(path)
+
+    def down(self) -> None:
+        """Services first (they flush and commit), then Postgres, then the broker. Idempotent."""
+        for service in reversed(self.services):
+            service.stop()
+        self.postgres.stop()
+        self.broker.stop()
+        with contextlib.suppress(FileNotFoundError):
+            state_path().unlink()
+
+
+def _state(alive: bool) -> str:
+    return "healthy" if alive else "down"
+
+
+async def http_health(session: aiohttp.ClientSession, url: str, fallback: str) -> tuple[bool, str]:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+            body: dict[str, Any] = await response.json(content_type=None)
+            ok = response.status == 200 and bool(body.get("healthy"))
+            return ok, "ok" if ok else f"unhealthy: {json.dumps(body)[:120]}"
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return False, fallback
+
+
+def existing_launcher() -> int | None:
+    """The pid of a launcher that is still running, from the state file."""
+    try:
+        pid = int(json.loads(state_path().read_text())["launcher_pid"])
+    except (OSError, ValueError, KeyError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    return pid
+
+
+def mesh_from_env(broker: str | None, services: list[str] | None) -> Mesh:
+    env = dict(os.environ)
+    if broker:
+        env["CACHEMESH_BROKER"] = broker
+    return Mesh(
+        broker=broker_from_env(env),
+        postgres=postgres_from_env(env),
+        service_names=discover_services() if services is None else services,
+        namespace=env.get("KAFKA_TOPIC_NAMESPACE", ""),
+    )

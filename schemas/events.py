@@ -1,0 +1,357 @@
+"""Every v1 event cachemesh puts on Kafka, defined once (DESIGN.md §2).
+
+Events are pydantic v2 models with a discriminated `type`. Names are past tense. Within v1 only
+optional fields may be added; `schemas/golden/` holds one payload per type that must keep validating.
+Each event class names its topic and the field that keys its Kafka record.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+SCHEMA_VERSION: Literal[1] = 1
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+
+Tier = Literal["l1", "l2", "l3"]
+EntryKind = Literal["prompt", "embedding", "kv_block"]
+PenetrationLayer = Literal["model", "sequence", "token"]
+Decision = Literal["keep", "evict", "keep_alive"]
+DriftPattern = Literal["pulse", "migrating", "stable"]
+
+# Bounds that keep one event well under the broker's message size and a consumer's memory.
+MAX_KEY_CHARS = 512
+MAX_EMBEDDING_DIM = 4096
+MAX_KEYS_PER_EVENT = 1024
+MAX_HEADS = 1024
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+Score = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+def _finite(values: list[float] | None) -> list[float] | None:
+    if values is not None and not all(math.isfinite(v) for v in values):
+        raise ValueError("must contain only finite numbers (no NaN or inf)")
+    return values
+
+
+class Event(BaseModel):
+    """Fields every event carries. `topic` and `key_field` are class-level routing facts."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    topic: ClassVar[str]
+    key_field: ClassVar[str]
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: Annotated[str, Field(min_length=1, max_length=64)] = Field(default_factory=new_event_id)
+    occurred_at_ms: Annotated[int, Field(ge=0)] = Field(default_factory=now_ms)
+
+    def kafka_key(self) -> str:
+        return str(getattr(self, self.key_field))
+
+
+# --- cache.access.v1 ---------------------------------------------------------------------------
+
+
+class CacheAccessed(Event):
+    """A lookup against a tier node or an inference server's cache, hit or miss."""
+
+    topic: ClassVar[str] = "cache.access.v1"
+    key_field: ClassVar[str] = "key"
+    type: Literal["cache.accessed"] = "cache.accessed"
+
+    key: Key
+    hit: bool
+    kind: EntryKind = "prompt"
+    model: str | None = None
+    tier: Tier | None = None
+    match: Literal["exact", "semantic"] | None = None
+    similarity: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
+    latency_ms: Annotated[float, Field(ge=0.0)] = 0.0
+    layer: PenetrationLayer | None = None
+    token_count: Annotated[int, Field(ge=0)] | None = None
+    size_bytes: Annotated[int, Field(ge=0)] | None = None
+    trace_id: str | None = None
+    node_id: str | None = None
+    service: str | None = None
+    call_depth: Annotated[int, Field(ge=0)] | None = None
+    shard: str | None = None
+
+
+# --- kv.events.v1 ------------------------------------------------------------------------------
+
+
+class KvBlockStored(Event):
+    """An inference engine stored a KV block (vLLM `BlockStored`, one record per block)."""
+
+    topic: ClassVar[str] = "kv.events.v1"
+    key_field: ClassVar[str] = "block_hash"
+    type: Literal["kv.block_stored"] = "kv.block_stored"
+
+    block_hash: Key
+    parent_block_hash: Key | None = None
+    model: str | None = None
+    block_size_tokens: Annotated[int, Field(gt=0)] | None = None
+    size_bytes: Annotated[int, Field(ge=0)] | None = None
+    medium: Literal["gpu", "cpu", "disk"] | None = None
+    head_heat: Annotated[list[float], Field(max_length=MAX_HEADS)] | None = None
+    trace_id: str | None = None
+    node_id: str | None = None
+
+    _check_heat = field_validator("head_heat")(_finite)
+
+
+class KvBlockRemoved(Event):
+    """An inference engine dropped a KV block."""
+
+    topic: ClassVar[str] = "kv.events.v1"
+    key_field: ClassVar[str] = "block_hash"
+    type: Literal["kv.block_removed"] = "kv.block_removed"
+
+    block_hash: Key
+    model: str | None = None
+    medium: Literal["gpu", "cpu", "disk"] | None = None
+    node_id: str | None = None
+
+
+class AttentionHeatReported(Event):
+    """Per-head activation/gradient magnitudes for one step (seed §3.1 head-heat sharding)."""
+
+    topic: ClassVar[str] = "kv.events.v1"
+    key_field: ClassVar[str] = "block_hash"
+    type: Literal["kv.attention_heat_reported"] = "kv.attention_heat_reported"
+
+    block_hash: Key
+    model: str | None = None
+    layer: Annotated[int, Field(ge=0)] | None = None
+    step: Annotated[int, Field(ge=0)] | None = None
+    head_heat: Annotated[list[float], Field(min_length=1, max_length=MAX_HEADS)]
+    node_id: str | None = None
+
+    _check_heat = field_validator("head_heat")(_finite)
+
+
+# --- cache.invalidate.v1 -----------------------------------------------------------------------
+
+
+class CacheInvalidated(Event):
+    """A write or delete: every node drops entries at least `similarity_threshold` similar
+    (seed §1.3 write-with-sync). Without an embedding only the exact key goes."""
+
+    topic: ClassVar[str] = "cache.invalidate.v1"
+    key_field: ClassVar[str] = "key"
+    type: Literal["cache.invalidated"] = "cache.invalidated"
+
+    key: Key
+    reason: Literal["write", "delete", "context_ended", "expired"] = "write"
+    model: str | None = None
+    embedding: Annotated[list[float], Field(min_length=1, max_length=MAX_EMBEDDING_DIM)] | None = None
+    similarity_threshold: Score | None = None
+    trace_id: str | None = None
+    origin_node_id: str | None = None
+    # 1 = the immediate delete, 2 = the delayed second delete (seed §4.4 delayed double delete).
+    attempt: Annotated[int, Field(ge=1, le=2)] = 1
+
+    _check_embedding = field_validator("embedding")(_finite)
+
+
+# --- context.lifecycle.v1 ----------------------------------------------------------------------
+
+
+class ConversationStarted(Event):
+    topic: ClassVar[str] = "context.lifecycle.v1"
+    key_field: ClassVar[str] = "trace_id"
+    type: Literal["context.conversation_started"] = "context.conversation_started"
+
+    trace_id: Key
+    model: str | None = None
+    ttl_hint_ms: Annotated[int, Field(gt=0)] | None = None
+
+
+class ConversationEnded(Event):
+    """The conversation is over: entries bound to `trace_id` go (seed §1.2 context lifecycle)."""
+
+    topic: ClassVar[str] = "context.lifecycle.v1"
+    key_field: ClassVar[str] = "trace_id"
+    type: Literal["context.conversation_ended"] = "context.conversation_ended"
+
+    trace_id: Key
+
+
+# --- heat.scores.v1 ----------------------------------------------------------------------------
+
+
+class HeatScored(Event):
+    topic: ClassVar[str] = "heat.scores.v1"
+    key_field: ClassVar[str] = "key"
+    type: Literal["heat.scored"] = "heat.scored"
+
+    key: Key
+    score: Score
+    decision: Decision
+    cluster: int | None = None
+    model_version: Annotated[int, Field(ge=0)] = 0
+    node_id: str | None = None
+
+
+# --- stream.window.v1 --------------------------------------------------------------------------
+
+
+class WindowComputed(Event):
+    """Statistics of one window for one shard (and model, when set)."""
+
+    topic: ClassVar[str] = "stream.window.v1"
+    key_field: ClassVar[str] = "shard"
+    type: Literal["stream.window_computed"] = "stream.window_computed"
+
+    shard: Key
+    model: str | None = None
+    window: Literal["tumbling_1s", "hopping_10s"]
+    window_start_ms: Annotated[int, Field(ge=0)]
+    window_end_ms: Annotated[int, Field(ge=0)]
+    requests: Annotated[int, Field(ge=0)]
+    qps: Annotated[float, Field(ge=0.0)]
+    entropy_bits: Annotated[float, Field(ge=0.0)]
+    hit_rate: Score
+    hit_rate_by_tier: dict[str, Score] = Field(default_factory=dict)
+    penetration_by_layer: dict[str, Score] = Field(default_factory=dict)
+    added_latency_ms_by_layer: dict[str, float] = Field(default_factory=dict)
+    miss_latency_ms_p50: float | None = None
+    miss_latency_ms_p95: float | None = None
+
+
+class RequestPenetrated(Event):
+    """A request missed the model, sequence and token layers (seed §2.3): warm it up."""
+
+    topic: ClassVar[str] = "stream.window.v1"
+    key_field: ClassVar[str] = "shard"
+    type: Literal["stream.request_penetrated"] = "stream.request_penetrated"
+
+    shard: Key
+    key: Key
+    model: str | None = None
+    trace_id: str | None = None
+    latency_ms: Annotated[float, Field(ge=0.0)] = 0.0
+
+
+class LatencySpikeDetected(Event):
+    """RTT above the spike threshold (seed §2.5: 320 ms) and the warmup mismatch Δt."""
+
+    topic: ClassVar[str] = "stream.window.v1"
+    key_field: ClassVar[str] = "shard"
+    type: Literal["stream.latency_spike_detected"] = "stream.latency_spike_detected"
+
+    shard: Key
+    key: Key
+    rtt_ms: Annotated[float, Field(ge=0.0)]
+    t_peak_ms: Annotated[int, Field(ge=0)] | None = None
+    t_warm_ms: Annotated[int, Field(ge=0)] | None = None
+    delta_t_ms: int | None = None
+
+
+# --- stream.drift.v1 ---------------------------------------------------------------------------
+
+
+class DriftClustered(Event):
+    """A DBSCAN cluster of keys in one window and its pattern (seed §2.4)."""
+
+    topic: ClassVar[str] = "stream.drift.v1"
+    key_field: ClassVar[str] = "cluster_id"
+    type: Literal["stream.drift_clustered"] = "stream.drift_clustered"
+
+    cluster_id: Key
+    pattern: DriftPattern
+    window_end_ms: Annotated[int, Field(ge=0)]
+    keys: Annotated[list[Key], Field(max_length=MAX_KEYS_PER_EVENT)]
+    size: Annotated[int, Field(ge=0)]
+    duration_ms: Annotated[int, Field(ge=0)]
+    variance: Annotated[float, Field(ge=0.0)]
+    service_spread: Score
+
+
+# --- tier.commands.v1 --------------------------------------------------------------------------
+
+
+class _TierCommand(Event):
+    topic: ClassVar[str] = "tier.commands.v1"
+    key_field: ClassVar[str] = "node_id"
+
+    # "*" addresses every tier node.
+    node_id: Key = "*"
+    keys: Annotated[list[Key], Field(min_length=1, max_length=MAX_KEYS_PER_EVENT)]
+    reason: str | None = None
+
+
+class WarmupRequested(_TierCommand):
+    """Prefetch `keys` into `tier` so the load lands before the traffic peak (seed §2.5, §3.3)."""
+
+    type: Literal["tier.warmup_requested"] = "tier.warmup_requested"
+    tier: Tier = "l1"
+    start_at_ms: Annotated[int, Field(ge=0)] | None = None
+    deadline_ms: Annotated[int, Field(ge=0)] | None = None
+
+
+class PromotionRequested(_TierCommand):
+    type: Literal["tier.promotion_requested"] = "tier.promotion_requested"
+    to_tier: Tier = "l1"
+
+
+class EvictionRequested(_TierCommand):
+    type: Literal["tier.eviction_requested"] = "tier.eviction_requested"
+
+
+AnyEvent = Annotated[
+    CacheAccessed
+    | KvBlockStored
+    | KvBlockRemoved
+    | AttentionHeatReported
+    | CacheInvalidated
+    | ConversationStarted
+    | ConversationEnded
+    | HeatScored
+    | WindowComputed
+    | RequestPenetrated
+    | LatencySpikeDetected
+    | DriftClustered
+    | WarmupRequested
+    | PromotionRequested
+    | EvictionRequested,
+    Field(discriminator="type"),
+]
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.model_fields["type"].default: cls
+    for cls in (
+        CacheAccessed,
+        KvBlockStored,
+        KvBlockRemoved,
+        AttentionHeatReported,
+        CacheInvalidated,
+        ConversationStarted,
+        ConversationEnded,
+        HeatScored,
+        WindowComputed,
+        RequestPenetrated,
+        LatencySpikeDetected,
+        DriftClustered,
+        WarmupRequested,
+        PromotionRequested,
+        EvictionRequested,
+    )
+}
+
+EVENT_ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)

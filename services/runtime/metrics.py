@@ -1,0 +1,66 @@
+"""Prometheus metrics shared by the runtime, and the small HTTP endpoint every service exposes:
+`/metrics` (Prometheus text) and `/healthz` (JSON, 200 when healthy, 503 otherwise)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+EVENTS_PUBLISHED = Counter("cachemesh_events_published_total", "Events acknowledged by the broker", ["topic"])
+PUBLISH_FAILURES = Counter("cachemesh_publish_failures_total", "Events the broker did not take", ["topic"])
+EVENTS_CONSUMED = Counter(
+    "cachemesh_events_consumed_total", "Records read, by outcome", ["topic", "group", "outcome"]
+)
+EVENTS_DEAD_LETTERED = Counter(
+    "cachemesh_events_dead_lettered_total", "Records sent to a DLQ, by reason kind", ["topic", "kind"]
+)
+HANDLER_SECONDS = Histogram(
+    "cachemesh_handler_seconds",
+    "Time to apply one event",
+    ["topic", "group"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+DB_RETRIES = Counter("cachemesh_db_retries_total", "Database calls retried after a lost connection")
+
+HealthCheck = Callable[[], Awaitable[dict[str, object]]]
+
+
+class MetricsServer:
+    """Serves /metrics and /healthz on `host:port` (port 0 picks a free one; see `.port`)."""
+
+    def __init__(self, host: str, port: int, health: HealthCheck) -> None:
+        self._host = host
+        self._port = port
+        self._health = health
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/healthz", self._healthz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server
+        if server is not None and server.sockets:  # type: ignore[attr-defined]
+            self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        report = await self._health()
+        status = 200 if report.get("healthy") else 503
+        return web.Response(
+            text=json.dumps(report, default=str), status=status, content_type="application/json"
+        )

@@ -1,0 +1,74 @@
+"""Session fixtures: the real Apache Kafka broker, tansu, and embedded Postgres with pgvector,
+started once per test session (or taken from KAFKA_BOOTSTRAP / DATABASE_URL), plus a fresh topic
+namespace per test so tests never see each other's events."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from pydantic import SecretStr
+
+from infra.brokers import ApacheKafkaBroker, Broker, TansuBroker, broker_from_env
+from infra.postgres import EmbeddedPostgres, postgres_from_env
+from infra.topics import ensure_topics
+from services.runtime.settings import KafkaSettings, PostgresSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def kafka() -> Iterator[Broker]:
+    broker = broker_from_env() if os.environ.get("KAFKA_BOOTSTRAP") else ApacheKafkaBroker()
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def tansu() -> Iterator[Broker]:
+    broker = TansuBroker()
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    server = postgres_from_env() if os.environ.get("DATABASE_URL") else EmbeddedPostgres()
+    server.start()
+    yield server  # type: ignore[misc]
+    server.stop()
+
+
+@pytest.fixture(params=["kafka", pytest.param("tansu", marks=pytest.mark.tansu)])
+def any_broker(request: pytest.FixtureRequest) -> Broker:
+    """Parametrises a test over Apache Kafka and tansu."""
+    return request.getfixturevalue(request.param)  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:10]}."
+
+
+def kafka_settings_for(broker: Broker, namespace: str, **overrides: object) -> KafkaSettings:
+    return KafkaSettings(bootstrap=broker.bootstrap, topic_namespace=namespace, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def topics_on(namespace: str):  # type: ignore[no-untyped-def]
+    """Call with a broker to create the catalogue topics under this test's namespace."""
+
+    async def create(broker: Broker) -> str:
+        await ensure_topics(broker.bootstrap, namespace)
+        return namespace
+
+    return create
+
+
+@pytest.fixture
+def pg_settings(postgres: EmbeddedPostgres) -> PostgresSettings:
+    return PostgresSettings(database_url=SecretStr(postgres.dsn), pg_retry_deadline_s=60)

@@ -1,0 +1,102 @@
+"""The event contracts: golden payloads keep validating, exports stay in sync, bad bytes get reasons."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+
+from schemas.descriptor import CacheDescriptor
+from schemas.events import EVENT_TYPES, CacheAccessed, CacheInvalidated
+from schemas.export import GOLDEN_DIR, JSONSCHEMA_DIR, golden_documents, json_schema_documents
+from schemas.topics import BY_NAME, CATALOGUE, dlq_name, qualified
+from schemas.wire import DecodeError, decode, encode
+
+GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
+
+
+def test_every_event_type_has_a_committed_golden_payload() -> None:
+    assert {p.stem for p in GOLDEN_FILES} == set(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: p.stem)
+def test_golden_payload_still_decodes(path) -> None:
+    event = decode(path.read_bytes())
+    assert event.type == path.stem  # type: ignore[attr-defined]
+    assert decode(encode(event)) == event
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=lambda p: p.stem)
+def test_golden_payload_validates_against_exported_json_schema(path) -> None:
+    schema = json.loads((JSONSCHEMA_DIR / path.name).read_text())
+    jsonschema.validate(json.loads(path.read_text()), schema)
+
+
+def test_committed_json_schemas_match_the_models() -> None:
+    for name, doc in json_schema_documents().items():
+        committed = json.loads((JSONSCHEMA_DIR / f"{name}.json").read_text())
+        assert committed == doc, f"{name}.json is stale: run `cachemesh schemas export`"
+
+
+def test_golden_documents_cover_every_type() -> None:
+    assert set(golden_documents()) == set(EVENT_TYPES)
+
+
+def _payload(**overrides: object) -> bytes:
+    doc = {"type": "cache.accessed", "schema_version": 1, "event_id": "e1", "occurred_at_ms": 1, "key": "k", "hit": True}
+    doc.update(overrides)
+    return json.dumps({k: v for k, v in doc.items() if v is not ...}).encode()
+
+
+@pytest.mark.parametrize(
+    ("data", "kind", "fragment"),
+    [
+        (b"x" * 300, "oversized", "exceeds the 256-byte limit"),
+        (b"{not json", "malformed_json", "not valid UTF-8 JSON"),
+        (b"\xff\xfe", "malformed_json", "not valid UTF-8 JSON"),
+        (None, "malformed_json", "tombstone"),
+        (b"[1, 2]", "not_an_object", "got list"),
+        (_payload(schema_version=2), "unsupported_schema_version", "schema_version 2"),
+        (_payload(schema_version="1"), "unsupported_schema_version", "schema_version '1'"),
+        (_payload(schema_version=...), "unsupported_schema_version", "schema_version None"),
+        (_payload(type="cache.exploded"), "unknown_type", "cache.exploded"),
+        (_payload(event_id=...), "invalid", "event_id"),
+        (_payload(key=""), "invalid", "key"),
+        (_payload(hit="maybe"), "invalid", "hit"),
+        (_payload(latency_ms=-1), "invalid", "latency_ms"),
+    ],
+)
+def test_decode_failures_carry_a_kind_and_a_reason(data: bytes | None, kind: str, fragment: str) -> None:
+    with pytest.raises(DecodeError) as err:
+        decode(data, max_bytes=256)
+    assert err.value.kind == kind
+    assert fragment in err.value.reason
+
+
+def test_non_finite_embedding_is_rejected() -> None:
+    doc = json.loads(encode(CacheInvalidated(key="k", embedding=[0.1, 0.2])))
+    raw = json.dumps(doc).replace("0.2", "NaN").encode()
+    with pytest.raises(DecodeError, match="finite"):
+        decode(raw)
+    with pytest.raises(ValueError, match="finite"):
+        CacheDescriptor(key="k", kind="prompt", model="m", embedding=[1.0, math.inf])
+
+
+def test_unknown_optional_fields_are_ignored_for_forward_compatibility() -> None:
+    event = decode(_payload(added_in_v1_1="fine"))
+    assert isinstance(event, CacheAccessed)
+
+
+def test_every_event_topic_is_in_the_catalogue_with_a_dead_letter_sibling() -> None:
+    for cls in EVENT_TYPES.values():
+        assert cls.topic in BY_NAME
+        assert dlq_name(cls.topic) in BY_NAME
+    assert dlq_name("cache.access.v1") == "cache.access.dlq.v1"
+    assert dlq_name(qualified("cache.access.v1", "t1.")) == "t1.cache.access.dlq.v1"
+    assert all(t.partitions >= 1 for t in CATALOGUE)
+
+
+def test_kafka_key_follows_the_catalogue_key_field() -> None:
+    assert CacheAccessed(key="abc", hit=False).kafka_key() == "abc"
