@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -200,5 +199,5 @@ def migrate() -> None:
     print(json.dumps({"applied": asyncio.run(run())}))
 
 
-def main() -> None:  # pragma: no cover - console script shim
-    sys.exit(app())
+if __name__ == "__main__":
+    app()

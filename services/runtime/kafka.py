@@ -10,6 +10,7 @@ applied to `<topic>.dlq.v1` with the reason in headers and the original bytes un
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -73,7 +74,7 @@ class EventPublisher:
         self._settings = settings
         self._client_id = client_id or settings.client_id
         self._producer: AIOKafkaProducer | None = None
-        self._pending: set[asyncio.Future[None]] = set()
+        self._pending: set[asyncio.Future[object]] = set()
 
     async def start(self) -> None:
         if self._producer is not None:
@@ -101,7 +102,13 @@ class EventPublisher:
         return qualified(event.topic, self._settings.topic_namespace)
 
     async def publish(
-        self, event: Event, *, topic: str | None = None, key: str | None = None, wait: bool = True
+        self,
+        event: Event,
+        *,
+        topic: str | None = None,
+        key: str | None = None,
+        wait: bool = True,
+        headers: list[tuple[str, bytes]] | None = None,
     ) -> None:
         """Send `event` (to its catalogue topic unless `topic` is given, already qualified).
 
@@ -117,14 +124,15 @@ class EventPublisher:
         name = topic or self.topic_for(event)
         record_key = (key if key is not None else event.kafka_key()).encode()
         with tracing.producer_span(name):
-            headers = tracing.inject_headers([("event_type", str(event.type).encode())])  # type: ignore[attr-defined]
-            future = await self._send(name, record_key, payload, headers)
+            record_headers = tracing.inject_headers(
+                [("event_type", str(event.type).encode()), *(headers or ())]  # type: ignore[attr-defined]
+            )
+            future = await self._send(name, record_key, payload, record_headers)
         if wait:
             await self._await_ack(name, future)
         else:
-            task = asyncio.ensure_future(self._await_ack(name, future, raise_errors=False))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self._pending.add(future)
+            future.add_done_callback(functools.partial(self._on_background_ack, name))
 
     async def publish_raw(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
@@ -141,14 +149,25 @@ class EventPublisher:
         fut: asyncio.Future[object] = await self._producer.send(topic, value=value, key=key, headers=headers)
         return fut
 
-    async def _await_ack(self, topic: str, future: asyncio.Future[object], raise_errors: bool = True) -> None:
+    async def _await_ack(self, topic: str, future: asyncio.Future[object]) -> None:
         try:
             await future
         except Exception:
             metrics.PUBLISH_FAILURES.labels(topic).inc()
-            if raise_errors:
-                raise
-            log.exception("background publish failed", extra={"topic": topic})
+            raise
+        metrics.EVENTS_PUBLISHED.labels(topic).inc()
+
+    def _on_background_ack(self, topic: str, future: asyncio.Future[object]) -> None:
+        self._pending.discard(future)
+        if future.cancelled() or future.exception() is not None:
+            metrics.PUBLISH_FAILURES.labels(topic).inc()
+            log.error(
+                "background publish failed",
+                extra={
+                    "topic": topic,
+                    "error": repr(future.exception() if not future.cancelled() else "cancelled"),
+                },
+            )
         else:
             metrics.EVENTS_PUBLISHED.labels(topic).inc()
 

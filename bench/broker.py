@@ -1,0 +1,199 @@
+"""Publisher -> consumer on each broker: start time, throughput and end-to-end latency.
+
+Rows: the cachemesh runtime (schemas, traceparent, dedupe, commit-after-apply) and bare aiokafka
+(bytes in, bytes out) on Apache Kafka and on tansu, measured in the same run. Throughput is a burst
+of N events; latency is measured at a paced rate well under saturation, so it shows the path and not
+a queue. Run: `python -m bench.broker [--events N] [--rate R]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import statistics
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from infra.brokers import ApacheKafkaBroker, Broker, TansuBroker
+from infra.topics import ensure_topics
+from schemas.events import CacheAccessed
+from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
+from services.runtime.settings import KafkaSettings
+from services.runtime.tracing import configure_tracing
+
+RESULTS = Path(__file__).parent / "results"
+SENT_NS = "bench.sent_ns"
+
+
+@dataclass
+class Row:
+    broker: str
+    client: str
+    start_s: float
+    events: int
+    throughput_eps: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def _runtime_run(bootstrap: str, events: int, rate: float | None) -> tuple[float, list[float]]:
+    """Returns (seconds for all events, per-event latency ms)."""
+    namespace = f"bench{uuid.uuid4().hex[:6]}."
+    await ensure_topics(bootstrap, namespace)
+    settings = KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace, dedupe_window=events)
+    publisher = EventPublisher(settings)
+    await publisher.start()
+    latencies: list[float] = []
+    done = asyncio.Event()
+
+    async def handler(delivery: Delivery) -> None:
+        sent = int(dict(delivery.headers)[SENT_NS])
+        latencies.append((time.time_ns() - sent) / 1e6)
+        if len(latencies) >= events:
+            done.set()
+
+    consumer = EventConsumer(settings, [CacheAccessed.topic], f"bench-{namespace}", handler, publisher)
+    await consumer.start()
+    runner = asyncio.create_task(consumer.run())
+    await _wait_assigned(consumer)
+    began = time.perf_counter()
+    for i in range(events):
+        event = CacheAccessed(key=f"k{i % 1000}", hit=i % 2 == 0, tier="l1", latency_ms=0.1)
+        await publisher.publish(event, wait=False, headers=[(SENT_NS, str(time.time_ns()).encode())])
+        if rate:
+            await _pace(began, i + 1, rate)
+    await asyncio.wait_for(done.wait(), 120)
+    elapsed = time.perf_counter() - began
+    runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    await consumer.stop()
+    await publisher.stop()
+    return elapsed, latencies
+
+
+async def _wait_assigned(consumer: EventConsumer) -> None:
+    for _ in range(300):
+        if consumer.health()["assigned"]:
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _pace(began: float, sent: int, rate: float) -> None:
+    ahead = sent / rate - (time.perf_counter() - began)
+    if ahead > 0:
+        await asyncio.sleep(ahead)
+
+
+async def _raw_run(bootstrap: str, events: int, rate: float | None) -> tuple[float, list[float]]:
+    topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    await admin.create_topics([NewTopic(topic, 6, 1)])
+    await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"g-{topic}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await producer.start()
+    await consumer.start()
+    latencies: list[float] = []
+
+    async def consume() -> None:
+        while len(latencies) < events:
+            batch = await consumer.getmany(timeout_ms=200, max_records=500)
+            now = time.time_ns()
+            for tp, records in batch.items():
+                latencies.extend((now - int(r.value)) / 1e6 for r in records)
+                await consumer.commit({tp: records[-1].offset + 1})
+
+    reader = asyncio.create_task(consume())
+    while not consumer.assignment():  # noqa: ASYNC110 - aiokafka offers no event for this
+        await asyncio.sleep(0.05)
+    began = time.perf_counter()
+    for i in range(events):
+        await producer.send(topic, str(time.time_ns()).encode(), key=f"k{i % 1000}".encode())
+        if rate:
+            await _pace(began, i + 1, rate)
+    await producer.flush()
+    await asyncio.wait_for(reader, 120)
+    elapsed = time.perf_counter() - began
+    await consumer.stop()
+    await producer.stop()
+    return elapsed, latencies
+
+
+def measure(broker: Broker, events: int, rate: float, progress: Progress) -> list[Row]:
+    rows = []
+    for client, run in (("cachemesh runtime", _runtime_run), ("bare aiokafka", _raw_run)):
+        task = progress.add_task(f"{broker.name}: {client}", total=2)
+        elapsed, _ = asyncio.run(run(broker.bootstrap, events, None))
+        progress.advance(task)
+        _, latencies = asyncio.run(run(broker.bootstrap, max(200, int(rate * 5)), rate))
+        progress.advance(task)
+        rows.append(
+            Row(
+                broker.name,
+                client,
+                broker.start_seconds,
+                events,
+                events / elapsed,
+                statistics.median(latencies),
+                _percentile(latencies, 0.99),
+            )
+        )
+    return rows
+
+
+def main(
+    events: Annotated[int, typer.Option(help="Events in the throughput burst")] = 20_000,
+    rate: Annotated[float, typer.Option(help="Paced rate (events/s) for the latency run")] = 1_000.0,
+) -> None:
+    configure_tracing("bench")
+    rows: list[Row] = []
+    with Progress() as progress:
+        for broker in (ApacheKafkaBroker(), TansuBroker()):
+            with broker:
+                rows.extend(measure(broker, events, rate, progress))
+    base = {r.client: r for r in rows if r.broker == "kafka"}
+    table = Table(title=f"publisher -> consumer: {events} events burst; latency at {rate:.0f} events/s")
+    for column in ("broker", "client", "start s", "events/s", "x Kafka", "p50 ms", "p99 ms"):
+        table.add_column(column, justify="right" if column not in ("broker", "client") else "left")
+    for r in rows:
+        table.add_row(
+            r.broker,
+            r.client,
+            f"{r.start_s:.2f}",
+            f"{r.throughput_eps:,.0f}",
+            f"{r.throughput_eps / base[r.client].throughput_eps:.2f}",
+            f"{r.p50_ms:.1f}",
+            f"{r.p99_ms:.1f}",
+        )
+    Console().print(table)
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / "broker.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+
+
+if __name__ == "__main__":
+    typer.run(main)
