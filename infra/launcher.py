@@ -25,10 +25,10 @@ from pydantic import SecretStr
 
 from infra.brokers import Broker, broker_from_env
 from infra.paths import cache_dir, free_port
-from infra.postgres import Postgres, postgres_from_env, redact_dsn
+from infra.postgres import Postgres, postgres_from_env
 from infra.process import ServerProcess
 from infra.topics import ensure_topics
-from services.runtime.postgres import Database, apply_migrations
+from services.runtime.postgres import Database, apply_migrations, redact_dsn
 from services.runtime.settings import PostgresSettings
 
 log = logging.getLogger(__name__)
@@ -47,12 +47,20 @@ def state_path() -> Path:
 
 
 def discover_services(services_dir: Path = SERVICES_DIR) -> list[str]:
-    """Every `services/<name>/` with a `__main__.py` is a service the launcher runs."""
-    return sorted(
+    """Every `services/<name>/` with a `__main__.py` is a service the launcher runs, and so is the
+    faust worker when `streams/__main__.py` exists."""
+    names = {
         p.parent.name
         for p in services_dir.glob("*/__main__.py")
         if p.parent.name not in NOT_SERVICES and not p.parent.name.startswith("_")
-    )
+    }
+    if (services_dir.parent / "streams" / "__main__.py").exists():
+        names.add("streams")
+    return sorted(names)
+
+
+def module_for(name: str) -> str:
+    return "streams" if name == "streams" else f"services.{name}"
 
 
 @dataclass
@@ -234,7 +242,7 @@ def mesh_from_env(broker: str | None, services: list[str] | None) -> Mesh:
         env["CACHEMESH_BROKER"] = broker
     return Mesh(
         broker=broker_from_env(env),
-        postgres=postgres_from_env(env),
+        postgres=postgres_from_env(env, durable=True),
         service_names=discover_services() if services is None else services,
         namespace=env.get("KAFKA_TOPIC_NAMESPACE", ""),
     )

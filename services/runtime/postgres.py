@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -38,7 +39,13 @@ _MIGRATION_LOCK_ID = 0x63616368656D7368  # "cachemsh"
 
 
 def redact_dsn(dsn: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", dsn)
+    """The DSN with its password replaced by `***`, for logs and errors."""
+    parts = urlsplit(dsn)
+    if parts.password is None:
+        return dsn
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
 
 
 class Database:

@@ -93,7 +93,9 @@ async def test_bad_records_are_dead_lettered_with_a_reason_and_consumption_goes_
     good_before = ConversationEnded(trace_id="before")
     poison = ConversationEnded(trace_id="explodes")
     good_after = ConversationEnded(trace_id="after")
-    unknown_version = json.dumps({**json.loads(encode(good_before)), "schema_version": 7, "event_id": "v7"}).encode()
+    unknown_version = json.dumps(
+        {**json.loads(encode(good_before)), "schema_version": 7, "event_id": "v7"}
+    ).encode()
     oversized = json.dumps({**json.loads(encode(good_before)), "event_id": "big", "pad": "x" * 6000}).encode()
     bad = [b"{this is not json", unknown_version, oversized]
 

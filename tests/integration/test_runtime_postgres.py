@@ -23,7 +23,10 @@ async def test_migrations_apply_once_and_are_recorded(pg_settings) -> None:
         rows = await db.fetch("SELECT version, variant FROM schema_migrations ORDER BY version")
         assert again == []
         assert [r["version"] for r in rows] == sorted(load_migrations())
-        assert dict((r["version"], r["variant"]) for r in rows)[2] == f"vector({pg_settings.cachemesh_embedding_dim})"
+        assert (
+            dict((r["version"], r["variant"]) for r in rows)[2]
+            == f"vector({pg_settings.cachemesh_embedding_dim})"
+        )
         with pytest.raises(RuntimeError, match="CACHEMESH_EMBEDDING_DIM=768"):
             await apply_migrations(db, 768)
     finally:
@@ -71,7 +74,9 @@ async def test_acknowledged_writes_survive_a_restart_in_the_middle(pg_settings, 
     async def writer(start: int) -> None:
         i = start
         while not stop.is_set():
-            await db.run(lambda c, i=i: c.execute(f"INSERT INTO {table} (id) VALUES ($1) ON CONFLICT DO NOTHING", i))
+            await db.run(
+                lambda c, i=i: c.execute(f"INSERT INTO {table} (id) VALUES ($1) ON CONFLICT DO NOTHING", i)
+            )
             acknowledged.append(i)
             i += 4
             await asyncio.sleep(0.002)

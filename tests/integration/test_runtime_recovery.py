@@ -40,7 +40,9 @@ async def _totals(dsn: str, ledger: str) -> tuple[int, int, int]:
     return (row["total"], row["applications"], row["redelivered"]) if row else (0, 0, 0)
 
 
-async def _wait_for(dsn: str, ledger: str, applications: int, timeout_s: float = 60.0) -> tuple[int, int, int]:
+async def _wait_for(
+    dsn: str, ledger: str, applications: int, timeout_s: float = 60.0
+) -> tuple[int, int, int]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
@@ -87,8 +89,11 @@ async def test_consumer_killed_mid_batch_applies_every_event_exactly_once(
 
     def spawn() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.integration.apps.ledger"], cwd=REPO, env=env,
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [sys.executable, "-m", "tests.integration.apps.ledger"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
 
     first = spawn()
@@ -125,7 +130,11 @@ async def test_postgres_restart_under_a_running_service_loses_no_write(
     kafka_settings = kafka_settings_for(kafka, namespace)
     ledger = f"pg-{uuid.uuid4().hex[:8]}"
     settings = LedgerSettings(
-        kafka=kafka_settings, postgres=pg_settings, ledger=ledger, group_id=f"ledger-{ledger}", apply_delay_ms=2
+        kafka=kafka_settings,
+        postgres=pg_settings,
+        ledger=ledger,
+        group_id=f"ledger-{ledger}",
+        apply_delay_ms=2,
     )
     publisher = EventPublisher(kafka_settings)
     await publisher.start()
@@ -151,7 +160,9 @@ async def test_service_survives_a_broker_restart(kafka, postgres, namespace, top
     await topics_on(kafka)
     kafka_settings = kafka_settings_for(kafka, namespace)
     ledger = f"broker-{uuid.uuid4().hex[:8]}"
-    settings = LedgerSettings(kafka=kafka_settings, postgres=pg_settings, ledger=ledger, group_id=f"ledger-{ledger}")
+    settings = LedgerSettings(
+        kafka=kafka_settings, postgres=pg_settings, ledger=ledger, group_id=f"ledger-{ledger}"
+    )
     events = _events(200)
     async with LedgerService(settings) as service:
         runner = asyncio.create_task(service.run())

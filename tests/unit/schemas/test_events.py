@@ -45,7 +45,14 @@ def test_golden_documents_cover_every_type() -> None:
 
 
 def _payload(**overrides: object) -> bytes:
-    doc = {"type": "cache.accessed", "schema_version": 1, "event_id": "e1", "occurred_at_ms": 1, "key": "k", "hit": True}
+    doc = {
+        "type": "cache.accessed",
+        "schema_version": 1,
+        "event_id": "e1",
+        "occurred_at_ms": 1,
+        "key": "k",
+        "hit": True,
+    }
     doc.update(overrides)
     return json.dumps({k: v for k, v in doc.items() if v is not ...}).encode()
 
