@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import stat
+import tempfile
 import threading
 import time
 import warnings
@@ -107,6 +108,43 @@ def _ensure_os_user() -> str | None:
     return SERVER_OS_USER
 
 
+def _traversable_by_others(path: Path) -> bool:
+    return all(not f.is_dir() or f.stat().st_mode & stat.S_IXOTH for f in [path, *path.parents])
+
+
+# A world-traversable home for the server binaries when the venv lives in a private folder (a
+# mktemp clone, a home directory): the server runs as another user and must reach them.
+SHARED_INSTALL_ROOT = Path("/var/tmp/cachemesh-postgres")
+
+
+def _shared_install(bin_dir: Path) -> Path:
+    """`bin_dir` itself when the server user can reach it; otherwise a copy of the install tree
+    (~40 MB) under SHARED_INSTALL_ROOT, made once and reused. The copy keeps the wheel's layout,
+    `<package>/pginstallNN/bin` beside `<package>.libs`, because the binaries find their shared
+    libraries through an $ORIGIN-relative rpath."""
+    if _traversable_by_others(bin_dir):
+        return bin_dir
+    install = bin_dir.parent
+    package = install.parent
+    stamp = f"{install.name}-{int(install.stat().st_mtime)}"
+    target = SHARED_INSTALL_ROOT / stamp
+    if not (target / ".complete").exists():
+        SHARED_INSTALL_ROOT.mkdir(parents=True, exist_ok=True)
+        SHARED_INSTALL_ROOT.chmod(0o755)
+        partial = Path(tempfile.mkdtemp(prefix=f"{stamp}.", dir=SHARED_INSTALL_ROOT))
+        shutil.copytree(install, partial / package.name / install.name, symlinks=True)
+        libs = package.with_name(f"{package.name}.libs")
+        if libs.is_dir():
+            shutil.copytree(libs, partial / libs.name, symlinks=True)
+        partial.chmod(0o755)
+        (partial / ".complete").touch()
+        try:
+            partial.rename(target)
+        except OSError:
+            shutil.rmtree(partial, ignore_errors=True)  # another process got there first
+    return target / package.name / install.name / bin_dir.name
+
+
 def _check_reachable_by_others(path: Path) -> None:
     # The server runs as another user: every folder above its binaries and data must be traversable.
     # We say so rather than chmod system folders behind the caller's back.
@@ -182,6 +220,7 @@ class EmbeddedPostgres(ManagedServer):
         if self._os_user is not None:
             import pwd
 
+            self._bin = _shared_install(self._bin)
             _check_reachable_by_others(self._bin)
             self.data_dir.chmod(0o755)  # mkdtemp makes it 0700 (root only); the log in it is written by us
             _check_reachable_by_others(self.data_dir)

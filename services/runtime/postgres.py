@@ -34,6 +34,9 @@ CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.InterfaceError,
 )
 
+# InternalClientError: "another operation is in progress" on a connection a restart broke.
+BROKEN_CONNECTION_ERRORS = (*CONNECTION_ERRORS, asyncpg.exceptions.InternalClientError)
+
 # Serialises migrations across services starting together.
 _MIGRATION_LOCK_ID = 0x63616368656D7368  # "cachemsh"
 
@@ -106,11 +109,17 @@ class Database:
         while True:
             try:
                 async with self._pool.acquire() as conn:
-                    if not transaction:
-                        return await fn(conn)
-                    async with conn.transaction():
-                        return await fn(conn)
-            except CONNECTION_ERRORS as exc:
+                    try:
+                        if not transaction:
+                            return await fn(conn)
+                        async with conn.transaction():
+                            return await fn(conn)
+                    except BROKEN_CONNECTION_ERRORS:
+                        # The server went away mid-operation; asyncpg may leave the protocol
+                        # believing an operation is still running. Never hand this one out again.
+                        conn.terminate()
+                        raise
+            except BROKEN_CONNECTION_ERRORS as exc:
                 if time.monotonic() > deadline:
                     raise
                 metrics.DB_RETRIES.inc()
