@@ -19,6 +19,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from services.heat import replay_cli
+
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 schemas_app = typer.Typer(help="Event contracts: JSON Schema and golden payloads.", no_args_is_help=True)
 app.add_typer(schemas_app, name="schemas")
@@ -149,6 +151,10 @@ async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
             ok, detail = await http_health(session, svc["health_url"], "unreachable")
             rows.append((svc["name"], "healthy" if ok else "unhealthy", f"{detail} ({svc['health_url']})"))
     return rows
+
+
+# The replayer imports torch only when the heat policy is asked for.
+app.command("replay")(replay_cli.replay)
 
 
 @schemas_app.command("export")

@@ -1,0 +1,127 @@
+"""Per-entry heat features, kept in slot arrays so a whole cache is featurised in one numpy pass.
+
+Features (seed §1.2; all scaled to about [0, 1]): recency and inter-access gap on a log scale of a
+logical clock (accesses heard), sketch frequency at the last access, hits while resident, the
+attention-head heat kv.events.v1 reported (and whether any was), size, TTL left, whether the
+entry's trace is still alive, prefix depth, resident children, and the heat of its semantic cluster
+from the previous scoring round.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+FEATURES: tuple[str, ...] = (
+    "recency",
+    "interval",
+    "frequency",
+    "hits",
+    "attention",
+    "has_attention",
+    "size",
+    "ttl_left",
+    "trace_alive",
+    "depth",
+    "children",
+    "neighbour_heat",
+)
+N_FEATURES = len(FEATURES)
+NO_GAP = -1
+
+
+class EntryTable:
+    """Fixed-size slot arrays for resident entries; a slot is reused after its entry leaves."""
+
+    def __init__(self, slots: int, capacity: int) -> None:
+        self.slots = slots
+        self.capacity = capacity
+        self.time_scale = math.log1p(64.0 * max(capacity, 16))
+        self.size_scale = math.log1p(max(capacity, 2))
+        self.used = np.zeros(slots, dtype=bool)
+        self.last_tick = np.zeros(slots, dtype=np.int64)
+        self.gap = np.full(slots, NO_GAP, dtype=np.int64)
+        self.freq = np.zeros(slots, dtype=np.float32)
+        self.freq_epoch = np.zeros(slots, dtype=np.int64)  # sketch resets when `freq` was read
+        self.hits = np.zeros(slots, dtype=np.float32)
+        self.attention = np.zeros(slots, dtype=np.float32)
+        self.has_attention = np.zeros(slots, dtype=bool)
+        self.size = np.ones(slots, dtype=np.int64)
+        self.inserted_ms = np.zeros(slots, dtype=np.int64)
+        self.ttl_ms = np.zeros(slots, dtype=np.int64)
+        self.trace = np.full(slots, -1, dtype=np.int64)
+        self.depth = np.zeros(slots, dtype=np.int64)
+        self.parent = np.full(slots, -1, dtype=np.int64)
+        self.children = np.zeros(slots, dtype=np.int64)
+        self.cluster = np.full(slots, -1, dtype=np.int64)
+        self.distance = np.zeros(slots, dtype=np.float32)
+        self.neighbour = np.zeros(slots, dtype=np.float32)
+
+    def reset_slot(self, s: int) -> None:
+        self.used[s] = False
+        self.gap[s] = NO_GAP
+        self.freq[s] = 0.0
+        self.freq_epoch[s] = 0
+        self.hits[s] = 0.0
+        self.attention[s] = 0.0
+        self.has_attention[s] = False
+        self.size[s] = 1
+        self.ttl_ms[s] = 0
+        self.trace[s] = -1
+        self.depth[s] = 0
+        self.parent[s] = -1
+        self.children[s] = 0
+        self.cluster[s] = -1
+        self.distance[s] = 0.0
+        self.neighbour[s] = 0.0
+
+    def features_one(
+        self, s: int, now_tick: int, now_ms: int, alive: bool, resets: int = 0
+    ) -> tuple[float, ...]:
+        """`features` for one slot in plain Python (a newcomer's admission duel must be cheap)."""
+        ts = self.time_scale
+        age = max(now_tick - int(self.last_tick[s]), 0)
+        gap = int(self.gap[s])
+        ttl = int(self.ttl_ms[s])
+        ttl_left = min(max(1.0 - (now_ms - int(self.inserted_ms[s])) / ttl, 0.0), 1.0) if ttl > 0 else 1.0
+        return (
+            min(math.log1p(age) / ts, 1.0),
+            1.0 if gap == NO_GAP else min(math.log1p(max(gap, 0)) / ts, 1.0),
+            float(self.freq[s]) / 16.0 / 2.0 ** (resets - int(self.freq_epoch[s])),
+            min(math.log1p(float(self.hits[s])) / math.log(64.0), 1.0),
+            float(self.attention[s]),
+            1.0 if self.has_attention[s] else 0.0,
+            min(math.log1p(int(self.size[s])) / self.size_scale, 1.0),
+            ttl_left,
+            1.0 if alive else 0.0,
+            min(math.log1p(int(self.depth[s])) / math.log(512.0), 1.0),
+            min(math.log1p(int(self.children[s])) / math.log(16.0), 1.0),
+            float(self.neighbour[s]),
+        )
+
+    def features(
+        self, idx: np.ndarray, now_tick: int, now_ms: int, alive: np.ndarray, resets: int = 0
+    ) -> np.ndarray:
+        """Feature matrix (len(idx), N_FEATURES) for slots `idx`; `alive[i]` says whether the trace
+        of slot idx[i] is still open (True when it has none). The frequency read at the last access
+        is halved once per sketch reset since (`resets` is the sketch's count), as the sketch ages."""
+        out = np.empty((len(idx), N_FEATURES), dtype=np.float32)
+        ts = self.time_scale
+        age = np.maximum(now_tick - self.last_tick[idx], 0)
+        out[:, 0] = np.minimum(np.log1p(age) / ts, 1.0)
+        gap = self.gap[idx]
+        out[:, 1] = np.where(gap == NO_GAP, 1.0, np.minimum(np.log1p(np.maximum(gap, 0)) / ts, 1.0))
+        out[:, 2] = self.freq[idx] / 16.0 / np.exp2(resets - self.freq_epoch[idx])
+        out[:, 3] = np.minimum(np.log1p(self.hits[idx]) / math.log(64.0), 1.0)
+        out[:, 4] = self.attention[idx]
+        out[:, 5] = self.has_attention[idx]
+        out[:, 6] = np.minimum(np.log1p(self.size[idx]) / self.size_scale, 1.0)
+        ttl = self.ttl_ms[idx]
+        lived = now_ms - self.inserted_ms[idx]
+        out[:, 7] = np.where(ttl > 0, np.clip(1.0 - lived / np.maximum(ttl, 1), 0.0, 1.0), 1.0)
+        out[:, 8] = alive
+        out[:, 9] = np.minimum(np.log1p(self.depth[idx]) / math.log(512.0), 1.0)
+        out[:, 10] = np.minimum(np.log1p(self.children[idx]) / math.log(16.0), 1.0)
+        out[:, 11] = self.neighbour[idx]
+        return out

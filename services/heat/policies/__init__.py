@@ -1,0 +1,69 @@
+"""Replacement policies behind one interface (`base.Policy`), and a registry to build them by name."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from services.heat.policies.arc import ARC
+from services.heat.policies.base import AccessMeta, Eviction, EvictionReason, Policy
+from services.heat.policies.lfu import LFU
+from services.heat.policies.lru import LRU
+from services.heat.policies.lru_k import LRUK
+from services.heat.policies.opt import Belady
+from services.heat.policies.tinylfu import WTinyLFU
+
+CLASSIC = ("lru", "lfu", "lru2", "arc", "wtinylfu")
+AI = ("heat",)
+OFFLINE = ("opt",)
+ALL = (*CLASSIC, *AI, *OFFLINE)
+
+
+def make_policy(
+    name: str,
+    capacity: int,
+    *,
+    future: Sequence[Hashable] | np.ndarray | None = None,
+    seed: int = 0,
+) -> Policy:
+    """Build a policy by registry name. `future` (the whole key sequence) is required by `opt`."""
+    if name == "lru":
+        return LRU(capacity)
+    if name == "lfu":
+        return LFU(capacity)
+    if name == "lru2":
+        return LRUK(capacity, k=2)
+    if name == "arc":
+        return ARC(capacity)
+    if name == "wtinylfu":
+        return WTinyLFU(capacity, seed=seed)
+    if name == "heat":
+        # Imported here: the heat policy pulls in torch, which the classic policies do not need.
+        from services.heat.policies.heat import HeatPolicy
+
+        return HeatPolicy(capacity, seed=seed)
+    if name == "opt":
+        if future is None:
+            raise ValueError("opt needs the future key sequence")
+        return Belady(capacity, future)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join(ALL)}")
+
+
+__all__ = [
+    "AI",
+    "ALL",
+    "ARC",
+    "CLASSIC",
+    "LFU",
+    "LRU",
+    "LRUK",
+    "OFFLINE",
+    "AccessMeta",
+    "Belady",
+    "Eviction",
+    "EvictionReason",
+    "Policy",
+    "WTinyLFU",
+    "make_policy",
+]
