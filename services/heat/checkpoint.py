@@ -1,0 +1,49 @@
+"""The heat model as bytes and back: weights, optimiser state and training counters, so a restarted
+heat service keeps what it learned. Pure: the Postgres adapter stores the bytes."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import torch
+
+from services.heat.scorer import HeatScorer
+
+FORMAT = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    blob: bytes
+    steps: int
+    labels_seen: int
+
+
+def dump_scorer(scorer: HeatScorer) -> Checkpoint:
+    state = {
+        "format": FORMAT,
+        "n_features": scorer.n_features,
+        "model": scorer.model.state_dict(),
+        "optimizer": scorer.optimizer.state_dict(),
+        "steps": scorer.steps,
+        "labels_seen": scorer.labels_seen,
+    }
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return Checkpoint(buffer.getvalue(), scorer.steps, scorer.labels_seen)
+
+
+def load_scorer(scorer: HeatScorer, blob: bytes) -> None:
+    """Restores `scorer` in place. Refuses a checkpoint of another shape rather than half-loading it."""
+    state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
+    if state.get("format") != FORMAT or state.get("n_features") != scorer.n_features:
+        raise ValueError(
+            f"checkpoint format {state.get('format')} / {state.get('n_features')} features does not fit "
+            f"this model (format {FORMAT} / {scorer.n_features} features)"
+        )
+    scorer.model.load_state_dict(state["model"])
+    scorer.optimizer.load_state_dict(state["optimizer"])
+    scorer.steps = int(state["steps"])
+    scorer.labels_seen = int(state["labels_seen"])
+    scorer.refresh()

@@ -1,0 +1,120 @@
+"""The heat service: hears `cache.access.v1`, `kv.events.v1` and `context.lifecycle.v1`, re-scores
+every entry every 100 ms with the online MLP, publishes changed decisions to `heat.scores.v1`, and
+checkpoints the model to Postgres (restored at start, saved periodically and at stop)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded
+from services.heat.checkpoint import dump_scorer, load_scorer
+from services.heat.engine import HeatEngine
+from services.heat.model_store import PostgresModelStore
+from services.heat.policies.heat import HeatPolicy
+from services.heat.settings import HeatSettings
+from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.service import Loop, Service
+
+log = logging.getLogger(__name__)
+
+DECISIONS = Counter("cachemesh_heat_decisions_total", "heat.scores.v1 decisions published", ["decision"])
+TRACKED = Gauge("cachemesh_heat_tracked_entries", "Entries the heat policy tracks")
+MODEL_STEPS = Gauge("cachemesh_heat_model_steps", "Training steps the heat model has taken")
+
+
+class HeatService(Service):
+    name = "heat"
+
+    def __init__(self, settings: HeatSettings) -> None:
+        super().__init__(settings)
+        self.heat_settings = settings
+        policy = HeatPolicy(settings.capacity, seed=settings.seed, rescore_ms=settings.rescore_interval_ms)
+        self.engine = HeatEngine(policy, node_id=settings.node_id)
+        self.model_version: int | None = None
+        self._publisher: EventPublisher | None = None
+        self._store: PostgresModelStore | None = None
+        # The consumer's handler and the re-score loop share the policy; one at a time.
+        self._lock = asyncio.Lock()
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        db = await self.open_database(stack)
+        self._store = PostgresModelStore(db)
+        await self._restore()
+        # Registered after the database: on stop the last checkpoint is written before it closes.
+        stack.push_async_callback(self.checkpoint)
+        self._publisher = await self.open_publisher(stack)
+        topics = [CacheAccessed.topic, AttentionHeatReported.topic, ConversationEnded.topic]
+        await self.open_consumer(stack, topics, self.heat_settings.group_id, self._handle, self._publisher)
+
+    def loops(self) -> list[Loop]:
+        return [self._rescore_loop, self._checkpoint_loop]
+
+    async def checks(self) -> dict[str, Any]:
+        return {
+            "tracked_entries": len(self.engine.policy),
+            "events_applied": self.engine.events_applied,
+            "model_version": self.model_version,
+            "model_steps": self.engine.policy.scorer.steps,
+        }
+
+    async def _handle(self, delivery: Delivery) -> None:
+        async with self._lock:
+            self.engine.apply(delivery.event)
+
+    async def _rescore_loop(self) -> None:
+        interval = self.heat_settings.rescore_interval_ms / 1000
+        assert self._publisher is not None
+        while True:
+            started = time.monotonic()
+            async with self._lock:
+                # Event time drives the policy, so a replay and the live service agree.
+                decisions = self.engine.rescore(
+                    self.engine.last_event_ms, self.heat_settings.max_decisions_per_round
+                )
+            for decision in decisions:
+                await self._publisher.publish(decision, wait=False)
+                DECISIONS.labels(decision.decision).inc()
+            TRACKED.set(len(self.engine.policy))
+            MODEL_STEPS.set(self.engine.policy.scorer.steps)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.heat_settings.checkpoint_interval_s)
+            await self.checkpoint()
+
+    async def checkpoint(self) -> None:
+        if self._store is None:
+            return
+        async with self._lock:
+            saved = dump_scorer(self.engine.policy.scorer)
+        self.model_version = await self._store.save(
+            self.heat_settings.model_name,
+            saved.blob,
+            params={"capacity": self.heat_settings.capacity, "seed": self.heat_settings.seed},
+            metrics={"steps": saved.steps, "labels_seen": saved.labels_seen},
+        )
+        log.info("model checkpointed", extra={"version": self.model_version, "steps": saved.steps})
+
+    async def _restore(self) -> None:
+        assert self._store is not None
+        latest = await self._store.latest(self.heat_settings.model_name)
+        if latest is None:
+            log.info("no model checkpoint yet; starting fresh")
+            return
+        version, blob = latest
+        try:
+            load_scorer(self.engine.policy.scorer, blob)
+        except ValueError as exc:
+            log.warning(
+                "ignoring an incompatible model checkpoint", extra={"version": version, "error": str(exc)}
+            )
+            return
+        self.model_version = version
+        log.info("model restored", extra={"version": version, "steps": self.engine.policy.scorer.steps})

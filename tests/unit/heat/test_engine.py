@@ -1,0 +1,83 @@
+"""The heat service's event handling without Kafka: events feed the policy, re-score rounds turn
+scores into decisions, and only changes are published."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from schemas.events import (
+    AttentionHeatReported,
+    CacheAccessed,
+    ConversationEnded,
+    KvBlockRemoved,
+    KvBlockStored,
+)
+from services.heat.checkpoint import dump_scorer, load_scorer
+from services.heat.engine import HeatEngine, attention_heat
+from services.heat.features import N_FEATURES
+from services.heat.policies.heat import HeatPolicy
+
+
+def _engine(capacity: int = 64) -> HeatEngine:
+    return HeatEngine(HeatPolicy(capacity, seed=7), node_id="heat-test")
+
+
+def test_accesses_become_keep_decisions_once() -> None:
+    engine = _engine()
+    for i in range(10):
+        engine.apply(CacheAccessed(key=f"k{i}", hit=False, occurred_at_ms=1000 + i))
+    first = engine.rescore(2000, limit=100)
+    assert {d.key for d in first} == {f"k{i}" for i in range(10)}
+    assert all(d.decision in ("keep", "keep_alive") and 0.0 <= d.score <= 1.0 for d in first)
+    assert engine.rescore(2100, limit=100) == []  # nothing changed: nothing published
+
+
+def test_ended_conversation_evicts_its_entries() -> None:
+    engine = _engine()
+    for i in range(5):
+        engine.apply(CacheAccessed(key=f"t{i}", hit=False, trace_id="conv-1", occurred_at_ms=10 + i))
+    engine.apply(CacheAccessed(key="other", hit=False, trace_id="conv-2", occurred_at_ms=20))
+    engine.rescore(30, limit=100)
+    engine.apply(ConversationEnded(trace_id="conv-1", occurred_at_ms=40))
+    decisions = engine.rescore(50, limit=100)
+    evicted = {d.key for d in decisions if d.decision == "evict"}
+    assert evicted == {f"t{i}" for i in range(5)}
+    assert "other" in engine.policy and "t0" not in engine.policy
+
+
+def test_the_limit_defers_decisions_to_the_next_round() -> None:
+    engine = _engine()
+    for i in range(20):
+        engine.apply(CacheAccessed(key=f"k{i}", hit=False, occurred_at_ms=i))
+    first = engine.rescore(100, limit=8)
+    second = engine.rescore(200, limit=100)
+    assert len(first) == 8 and len({d.key for d in first + second}) == 20
+
+
+def test_kv_events_track_blocks_and_their_removal() -> None:
+    engine = _engine()
+    engine.apply(KvBlockStored(block_hash="b0", occurred_at_ms=1, head_heat=[0.1, 3.0]))
+    engine.apply(KvBlockStored(block_hash="b1", parent_block_hash="b0", occurred_at_ms=2))
+    engine.apply(AttentionHeatReported(block_hash="b1", head_heat=[0.5], occurred_at_ms=3))
+    assert "b0" in engine.policy and "b1" in engine.policy
+    engine.apply(KvBlockRemoved(block_hash="b1", occurred_at_ms=4))
+    assert "b1" not in engine.policy
+
+
+def test_attention_heat_is_bounded() -> None:
+    assert attention_heat([]) == 0.0
+    assert 0.0 < attention_heat([0.2, -5.0]) < 1.0
+    assert attention_heat([1.0]) == 0.5
+
+
+def test_a_checkpoint_restores_the_same_model() -> None:
+    trained = HeatPolicy(64, seed=1).scorer
+    for i in range(300):
+        trained.observe(np.full(N_FEATURES, (i % 7) / 7, dtype=np.float32), float(i % 2))
+    trained.train(steps=5)
+    fresh = HeatPolicy(64, seed=2).scorer
+    x = np.linspace(0, 1, 4 * N_FEATURES, dtype=np.float32).reshape(4, N_FEATURES)
+    assert not np.array_equal(fresh.score(x), trained.score(x))
+    load_scorer(fresh, dump_scorer(trained).blob)
+    assert fresh.steps == trained.steps == 5 and fresh.labels_seen == trained.labels_seen == 300
+    assert np.array_equal(fresh.score(x), trained.score(x))
