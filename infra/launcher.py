@@ -84,7 +84,7 @@ class ServiceProcess:
 
     def start(self) -> None:
         self.proc = ServerProcess(
-            [sys.executable, "-m", f"services.{self.name}"],
+            [sys.executable, "-m", module_for(self.name)],
             log_path=self.log_path,
             env=self.env,
             cwd=REPO_ROOT,
