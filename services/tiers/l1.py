@@ -274,15 +274,20 @@ class L1Cache:
             gone.append(Eviction(key, "expired"))
         return gone
 
-    def invalidate_similar(self, embedding: npt.ArrayLike, threshold: float) -> list[str]:
-        """Semantic invalidation (DESIGN.md §1): drop every entry whose embedding has cosine >=
-        `threshold` with `embedding`. Exact scan: invalidations are rare and must not miss."""
+    def similar_keys(self, embedding: npt.ArrayLike, threshold: float) -> list[str]:
+        """Keys of every entry whose embedding has cosine >= `threshold` with `embedding`, read-only.
+        Exact scan: invalidations are rare and must not miss."""
         if self.index is None or not len(self.index):
             return []
         q = normalize(embedding, self.dim)[0]
         exact = self.index.exact
         slots = exact.ids[exact.matrix @ q >= threshold].tolist()
-        keys = [k for k in (self._keys[s] for s in slots) if k is not None]
+        return [k for k in (self._keys[s] for s in slots) if k is not None]
+
+    def invalidate_similar(self, embedding: npt.ArrayLike, threshold: float) -> list[str]:
+        """Semantic invalidation (DESIGN.md §1): drop every entry whose embedding has cosine >=
+        `threshold` with `embedding`."""
+        keys = self.similar_keys(embedding, threshold)
         for key in keys:
             self.remove(key, "invalidated")
         return keys
@@ -296,6 +301,20 @@ class L1Cache:
         assert key is not None
         self.remove(key, "expired")
         return False
+
+    def peek(self, key: str) -> Any | None:
+        """The value under `key` without counting an access or telling the policy (expired: None)."""
+        s = self._slot(key)
+        if s < 0 or self._expires.item(s) <= self.clock():
+            return None
+        return self._values[s]
+
+    def touch(self, key: str) -> bool:
+        """Count a use of `key` in the policy without reading it (a heat keep-alive)."""
+        if self._slot(key) < 0:
+            return False
+        self.policy.on_hit(key, self.clock())
+        return True
 
     def get(self, key: str) -> Any | None:
         """The value cached under exactly `key`, or None."""

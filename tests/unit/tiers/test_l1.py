@@ -279,3 +279,22 @@ def test_slots_are_reused_after_churn() -> None:
             cache.put(f"r{round_}-{i}", b"v", embedding=unit())
     assert len(cache) == 16 and cache.index is not None and len(cache.index) == 16
     assert all(cache.get(f"r19-{i}") == b"v" for i in range(16))
+
+
+def test_peek_touch_and_similar_keys_read_without_side_effects() -> None:
+    clock = Clock()
+    cache = L1Cache(dim=DIM, capacity_bytes=64, max_entries=8, clock=clock)
+    v = unit()
+    cache.put("a", b"0123456789ab", embedding=None)
+    cache.put("b", b"0123456789ab", embedding=None)
+    cache.put("s", b"x", embedding=v, ttl_hint_ms=50)
+    before = cache.stats()
+    assert cache.peek("a") == b"0123456789ab" and cache.peek("nope") is None
+    assert cache.similar_keys(at_cosine(v, 0.95), 0.9) == ["s"]
+    assert cache.similar_keys(at_cosine(v, 0.85), 0.9) == []
+    assert cache.stats() == before  # no hits, misses or removals counted
+    assert cache.touch("a") and not cache.touch("nope")
+    cache.put("c", b"0123456789ab")  # 12 + 12 + (1 + 32) + 12 > 64: LRU evicts b, since a was touched
+    assert "a" in cache and "b" not in cache
+    clock.now += 50
+    assert cache.peek("s") is None

@@ -1,0 +1,113 @@
+"""Circuit breaker around L3 (DESIGN.md §3 release safety, seed §4.4): open when the P99 latency of the
+recent calls exceeds a bound (150 ms in the seed), then serve from L1/L2 only; after a cooldown let one
+probe call through (half-open) and close again only when it is fast and succeeds.
+
+Pure: the caller times each call and reports it; the clock (monotonic ms) is passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerStats:
+    state: BreakerState
+    p99_ms: float | None
+    calls_in_window: int
+    opened: int
+    rejected: int
+    failures: int
+    reason: str | None
+
+
+class LatencyBreaker:
+    def __init__(
+        self,
+        *,
+        p99_ms: float = 150.0,
+        window: int = 200,
+        min_calls: int = 20,
+        cooldown_ms: int = 5_000,
+        clock: Callable[[], int],
+    ) -> None:
+        if window < min_calls:
+            raise ValueError("window must hold at least min_calls samples")
+        self.p99_bound_ms = p99_ms
+        self.min_calls = min_calls
+        self.cooldown_ms = cooldown_ms
+        self.clock = clock
+        self._samples: deque[float] = deque(maxlen=window)
+        self.state: BreakerState = "closed"
+        self._opened_at = 0
+        self._probe_out = False
+        self.opened = 0
+        self.rejected = 0
+        self.failures = 0
+        self.reason: str | None = None
+
+    def p99_ms(self) -> float | None:
+        if not self._samples:
+            return None
+        return float(np.percentile(np.fromiter(self._samples, float, len(self._samples)), 99))
+
+    def allow(self) -> bool:
+        """May a call go to L3 now? In half-open, exactly one probe is let through at a time."""
+        if self.state == "closed":
+            return True
+        if self.state == "open" and self.clock() - self._opened_at >= self.cooldown_ms:
+            self.state = "half_open"
+            self._probe_out = False
+        if self.state == "half_open" and not self._probe_out:
+            self._probe_out = True
+            return True
+        self.rejected += 1
+        return False
+
+    def record(self, latency_ms: float, ok: bool = True) -> None:
+        """Report one call that `allow()` let through: its latency and whether it succeeded."""
+        if not ok:
+            self.failures += 1
+            latency_ms = max(latency_ms, self.p99_bound_ms * 2)  # a failure counts as slow
+        if not math.isfinite(latency_ms) or latency_ms < 0:
+            latency_ms = self.p99_bound_ms * 2
+        if self.state == "half_open":
+            self._probe_out = False
+            if ok and latency_ms <= self.p99_bound_ms:
+                self.state = "closed"
+                self.reason = None
+                self._samples.clear()
+                self._samples.append(latency_ms)
+            else:
+                self._open(f"probe took {latency_ms:.0f} ms" if ok else "probe failed")
+            return
+        self._samples.append(latency_ms)
+        if self.state == "closed" and len(self._samples) >= self.min_calls:
+            p99 = self.p99_ms()
+            if p99 is not None and p99 > self.p99_bound_ms:
+                self._open(f"L3 p99 {p99:.0f} ms > {self.p99_bound_ms:.0f} ms")
+
+    def _open(self, reason: str) -> None:
+        self.state = "open"
+        self._opened_at = self.clock()
+        self.opened += 1
+        self.reason = reason
+
+    def stats(self) -> BreakerStats:
+        return BreakerStats(
+            state=self.state,
+            p99_ms=self.p99_ms(),
+            calls_in_window=len(self._samples),
+            opened=self.opened,
+            rejected=self.rejected,
+            failures=self.failures,
+            reason=self.reason,
+        )

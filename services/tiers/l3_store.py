@@ -1,0 +1,311 @@
+"""The L3 tier's ports and their Postgres adapter (DESIGN.md §1 L3).
+
+`ValueStore` keeps encoded values (codec.py: tensor header + raw payload) by key; `DescriptorStore`
+keeps the descriptors with their semantic tags and answers semantic lookups. `PostgresL3Store`
+implements both over asyncpg: `cache_descriptors` + `semantic_tags` + `cache_values` (migration 0006),
+one transaction per write. Semantic search uses pgvector's HNSW cosine index when the extension
+exists; without it L3 answers exact keys only, and says so once with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import asyncpg
+import numpy as np
+import numpy.typing as npt
+
+from services.runtime.postgres import Database
+from services.tiers.entry import Entry, EntryMeta
+
+log = logging.getLogger(__name__)
+
+
+class L3Rejected(ValueError):
+    """L3 refused the data itself (a constraint, a malformed value): retrying will not help."""
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticMatch:
+    entry: Entry
+    similarity: float
+
+
+class ValueStore(ABC):
+    @abstractmethod
+    async def put(self, entry: Entry) -> None:
+        """Persist descriptor, tags and value together (replacing what `entry.key` had)."""
+
+    @abstractmethod
+    async def get(self, key: str, now_ms: int) -> Entry | None:
+        """The live (unexpired at wall-clock `now_ms`) entry under `key`."""
+
+    @abstractmethod
+    async def get_many(self, keys: Sequence[str], now_ms: int) -> dict[str, Entry]: ...
+
+
+class DescriptorStore(ABC):
+    #: False when the store cannot search by embedding (Postgres without pgvector).
+    semantic: bool = False
+
+    @abstractmethod
+    async def search(
+        self,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        candidates: int = 4,
+    ) -> SemanticMatch | None:
+        """The most similar live entry whose cosine reaches max(its own tolerance, `tolerance`)."""
+
+    @abstractmethod
+    async def delete(self, key: str) -> bool: ...
+
+    @abstractmethod
+    async def delete_bound_to(self, trace_id: str) -> list[str]:
+        """Drop every entry of the conversation `trace_id` (its own or listed as a dependency)."""
+
+    @abstractmethod
+    async def delete_expired(self, now_ms: int, limit: int = 1000) -> int: ...
+
+
+class L3Store(ValueStore, DescriptorStore, ABC):
+    """What the tiered cache needs from L3: both ports in one adapter."""
+
+    async def find(
+        self,
+        key: str,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        candidates: int = 4,
+    ) -> tuple[Entry, Literal["exact", "semantic"], float] | None:
+        """The exact key, else the best semantic match: one lookup's whole L3 leg. Adapters that can
+        answer both in one round trip override this."""
+        entry = await self.get(key, now_ms)
+        if entry is not None and (model is None or entry.meta.model == model):
+            return entry, "exact", 1.0
+        match = await self.search(embedding, now_ms, model=model, tolerance=tolerance, candidates=candidates)
+        return None if match is None else (match.entry, "semantic", match.similarity)
+
+
+_COLUMNS = (
+    "d.key, d.kind, d.model, d.ttl_hint_ms, d.similarity_tolerance, d.context_dependency_ids, d.trace_id, "
+    "d.size_bytes, d.created_at_ms, d.updated_at_ms, d.embedding, v.value, "
+    "ARRAY(SELECT t.tag FROM semantic_tags t WHERE t.key = d.key ORDER BY t.tag) AS tag_names, "
+    "ARRAY(SELECT t.value FROM semantic_tags t WHERE t.key = d.key ORDER BY t.tag) AS tag_values"
+)
+_FROM = "FROM cache_descriptors d JOIN cache_values v ON v.key = d.key"
+_LIVE = "(d.expires_at_ms IS NULL OR d.expires_at_ms > $2)"
+
+_UPSERT_DESCRIPTOR = """
+INSERT INTO cache_descriptors (key, kind, model, ttl_hint_ms, similarity_tolerance, context_dependency_ids,
+    trace_id, size_bytes, tier, created_at_ms, updated_at_ms, last_access_ms, embedding)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'l3', $9, $10, NULL, $11)
+ON CONFLICT (key) DO UPDATE SET
+    kind = EXCLUDED.kind, model = EXCLUDED.model, ttl_hint_ms = EXCLUDED.ttl_hint_ms,
+    similarity_tolerance = EXCLUDED.similarity_tolerance,
+    context_dependency_ids = EXCLUDED.context_dependency_ids, trace_id = EXCLUDED.trace_id,
+    size_bytes = EXCLUDED.size_bytes, tier = EXCLUDED.tier, updated_at_ms = EXCLUDED.updated_at_ms,
+    embedding = EXCLUDED.embedding
+"""
+_REPLACE_TAGS = (
+    "INSERT INTO semantic_tags (key, tag, value) SELECT $1, u.tag, u.value "
+    "FROM unnest($2::text[], $3::text[]) AS u(tag, value)"
+)
+_UPSERT_VALUE = """
+INSERT INTO cache_values (key, value, checksum, updated_at_ms) VALUES ($1, $2, $3, $4)
+ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, checksum = EXCLUDED.checksum,
+    updated_at_ms = EXCLUDED.updated_at_ms
+"""
+
+
+def _as_vector(value: Any) -> np.ndarray:
+    # pgvector's codec gives a Vector; the plain real[] column a list.
+    raw = value.to_numpy() if hasattr(value, "to_numpy") else value
+    return np.asarray(raw, dtype=np.float32)
+
+
+def _entry(row: asyncpg.Record) -> Entry:
+    emb = row["embedding"]
+    meta = EntryMeta(
+        key=row["key"],
+        kind=row["kind"],
+        model=row["model"],
+        embedding=None if emb is None else _as_vector(emb),
+        similarity_tolerance=round(float(row["similarity_tolerance"]), 6),  # a real column: float32
+        ttl_hint_ms=row["ttl_hint_ms"],
+        trace_id=row["trace_id"],
+        context_dependency_ids=tuple(row["context_dependency_ids"] or ()),
+        semantic_tags=dict(zip(row["tag_names"] or (), row["tag_values"] or (), strict=True)),
+        created_at_ms=row["created_at_ms"],
+        updated_at_ms=row["updated_at_ms"],
+        size_bytes=row["size_bytes"],
+    )
+    return Entry(meta, row["value"])
+
+
+class PostgresL3Store(L3Store):
+    """L3 on Postgres; `db` must have had `apply_migrations` run (the service does that at start)."""
+
+    def __init__(self, db: Database, *, dim: int) -> None:
+        self.db = db
+        self.dim = dim
+        self.semantic = db.has_vector
+        if not self.semantic:
+            log.warning(
+                "pgvector is not available: L3 answers exact keys only; semantic lookups are served "
+                "from L1 alone (install pgvector to search L3 by embedding)"
+            )
+
+    def _embedding_param(self, embedding: np.ndarray | None) -> Any:
+        if embedding is None:
+            return None
+        vec = np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if vec.shape[0] != self.dim:
+            raise ValueError(f"embedding has {vec.shape[0]} dimensions; L3 stores {self.dim}")
+        # pgvector's codec takes numpy; the plain real[] column takes a list.
+        return vec if self.semantic else vec.tolist()
+
+    async def put(self, entry: Entry) -> None:
+        m = entry.meta
+        embedding = self._embedding_param(m.embedding)
+        names = sorted(m.semantic_tags)
+        values = [m.semantic_tags[n] for n in names]
+        checksum = zlib.crc32(entry.blob)
+
+        async def write(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                _UPSERT_DESCRIPTOR,
+                m.key,
+                m.kind,
+                m.model,
+                m.ttl_hint_ms,
+                m.similarity_tolerance,
+                list(m.context_dependency_ids),
+                m.trace_id,
+                len(entry.blob),
+                m.created_at_ms,
+                m.updated_at_ms,
+                embedding,
+            )
+            await conn.execute("DELETE FROM semantic_tags WHERE key = $1", m.key)
+            if names:
+                await conn.execute(_REPLACE_TAGS, m.key, names, values)
+            await conn.execute(_UPSERT_VALUE, m.key, entry.blob, checksum, m.updated_at_ms)
+
+        try:
+            await self.db.run(write)
+        except (asyncpg.DataError, asyncpg.IntegrityConstraintViolationError) as exc:
+            raise L3Rejected(f"L3 refused {m.key!r}: {exc}") from exc
+
+    async def get(self, key: str, now_ms: int) -> Entry | None:
+        row = await self.db.fetchrow(f"SELECT {_COLUMNS} {_FROM} WHERE d.key = $1 AND {_LIVE}", key, now_ms)
+        return None if row is None else _entry(row)
+
+    async def get_many(self, keys: Sequence[str], now_ms: int) -> dict[str, Entry]:
+        if not keys:
+            return {}
+        rows = await self.db.fetch(
+            f"SELECT {_COLUMNS} {_FROM} WHERE d.key = ANY($1::text[]) AND {_LIVE}", list(keys), now_ms
+        )
+        return {r["key"]: _entry(r) for r in rows}
+
+    async def search(
+        self,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        candidates: int = 4,
+    ) -> SemanticMatch | None:
+        if not self.semantic:
+            return None
+        vec = self._embedding_param(np.asarray(embedding, dtype=np.float32))
+        where = "d.embedding IS NOT NULL AND " + _LIVE.replace("$2", "$3")
+        args: list[Any] = [vec, int(candidates), now_ms]
+        if model is not None:
+            where += " AND d.model = $4"
+            args.append(model)
+        rows = await self.db.fetch(
+            f"SELECT {_COLUMNS}, 1 - (d.embedding <=> $1) AS similarity {_FROM} "
+            f"WHERE {where} ORDER BY d.embedding <=> $1 LIMIT $2",
+            *args,
+        )
+        floor = 0.0 if tolerance is None else tolerance
+        for row in rows:  # best first
+            sim = float(row["similarity"])
+            if sim >= max(floor, float(row["similarity_tolerance"])):
+                return SemanticMatch(_entry(row), sim)
+        return None
+
+    async def find(
+        self,
+        key: str,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        candidates: int = 4,
+    ) -> tuple[Entry, Literal["exact", "semantic"], float] | None:
+        if not self.semantic:
+            entry = await self.get(key, now_ms)
+            ok = entry is not None and (model is None or entry.meta.model == model)
+            return (entry, "exact", 1.0) if ok else None  # type: ignore[return-value]
+        vec = self._embedding_param(np.asarray(embedding, dtype=np.float32))
+        model_filter = "" if model is None else " AND d.model = $5"
+        args: list[Any] = [key, vec, now_ms, int(candidates)]
+        if model is not None:
+            args.append(model)
+        live = _LIVE.replace("$2", "$3")
+        # One round trip: the exact row (marked with similarity 2) and the nearest neighbours.
+        rows = await self.db.fetch(
+            f"(SELECT {_COLUMNS}, 2.0::float8 AS similarity {_FROM} "
+            f"WHERE d.key = $1 AND {live}{model_filter}) "
+            f"UNION ALL (SELECT {_COLUMNS}, 1 - (d.embedding <=> $2) AS similarity {_FROM} "
+            f"WHERE d.embedding IS NOT NULL AND {live}{model_filter} ORDER BY d.embedding <=> $2 LIMIT $4)",
+            *args,
+        )
+        for row in rows:
+            if float(row["similarity"]) > 1.5:
+                return _entry(row), "exact", 1.0
+        floor = 0.0 if tolerance is None else tolerance
+        for row in rows:
+            sim = float(row["similarity"])
+            if sim >= max(floor, float(row["similarity_tolerance"])):
+                return _entry(row), "semantic", sim
+        return None
+
+    async def delete(self, key: str) -> bool:
+        status = await self.db.execute("DELETE FROM cache_descriptors WHERE key = $1", key)
+        return bool(status == "DELETE 1")
+
+    async def delete_bound_to(self, trace_id: str) -> list[str]:
+        rows = await self.db.run(
+            lambda c: c.fetch(
+                "DELETE FROM cache_descriptors "
+                "WHERE trace_id = $1 OR context_dependency_ids @> ARRAY[$1]::text[] RETURNING key",
+                trace_id,
+            )
+        )
+        return [r["key"] for r in rows]
+
+    async def delete_expired(self, now_ms: int, limit: int = 1000) -> int:
+        status = await self.db.execute(
+            "DELETE FROM cache_descriptors WHERE key IN (SELECT key FROM cache_descriptors "
+            "WHERE expires_at_ms <= $1 LIMIT $2)",
+            now_ms,
+            limit,
+        )
+        return int(status.split()[-1])

@@ -1,0 +1,300 @@
+"""The tier node's lifecycle: opens the publisher, Postgres (L3), the tiers, the consumers (each node in
+its own consumer groups: every node must see every invalidation, heat decision and command) and the
+HTTP API; runs the loops that send queued events, sweep expiries and drain L3 write-behind."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import socket
+import time
+from collections.abc import Generator, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, ClassVar
+
+import uvicorn
+
+from schemas.events import (
+    CacheInvalidated,
+    ConversationEnded,
+    EvictionRequested,
+    HeatScored,
+    PromotionRequested,
+    WarmupRequested,
+)
+from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.service import Loop, Service
+from services.tiers.api import create_app
+from services.tiers.block_pool import BlockPool
+from services.tiers.breaker import LatencyBreaker
+from services.tiers.embedder import Embedder
+from services.tiers.l1 import L1Cache, monotonic_ms
+from services.tiers.l2 import L2Store
+from services.tiers.l3_store import PostgresL3Store
+from services.tiers.outbox import Outbox
+from services.tiers.settings import TiersSettings
+from services.tiers.tiered import TieredCache
+
+log = logging.getLogger(__name__)
+
+# Access events go out when this many are queued, even before access_flush_ms.
+_ACCESS_BATCH = 500
+# Access events published between two turns of the event loop.
+_ACCESS_SLICE = 16
+# A failed invalidation publish is tried again after this long.
+_REPUBLISH_DELAY_MS = 500
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn inside the service's event loop; signals stay with `run_service`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+class TiersService(Service):
+    name: ClassVar[str] = "tiers"
+    settings: TiersSettings
+
+    def __init__(self, settings: TiersSettings | None = None) -> None:
+        super().__init__(settings or TiersSettings())
+        self.cache: TieredCache | None = None
+        self.embedder = Embedder(threads=self.settings.embedder_threads)
+        self.publisher: EventPublisher | None = None
+        self.l3: PostgresL3Store | None = None
+        self.api_port: int | None = None
+        self._api: _ApiServer | None = None
+        self._api_sockets: list[socket.socket] = []
+        self._wake = asyncio.Event()
+        self.published_invalidations = 0
+        self.publish_errors = 0
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.api_port}"
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        s = self.settings
+        if s.embedding_dim != s.postgres.cachemesh_embedding_dim:
+            raise ValueError(
+                f"CACHEMESH_TIERS_EMBEDDING_DIM={s.embedding_dim} but the descriptor column is "
+                f"{s.postgres.cachemesh_embedding_dim}-d (CACHEMESH_EMBEDDING_DIM)"
+            )
+        self.publisher = await self.open_publisher(stack)
+        # Registered after the publisher, so it runs before the publisher stops: queued events go out.
+        stack.push_async_callback(self._drain_outbox)
+        db = await self.open_database(stack)
+        self.l3 = PostgresL3Store(db, dim=s.embedding_dim)
+        l2 = (
+            L2Store(BlockPool(s.l2_pages), dim=s.embedding_dim, max_value_bytes=s.l2_max_value_bytes)
+            if s.l2_pages
+            else None
+        )
+        self.cache = TieredCache(
+            l1=L1Cache(
+                dim=s.embedding_dim,
+                capacity_bytes=s.l1_capacity_bytes,
+                max_entries=s.l1_max_entries,
+                default_tolerance=s.default_similarity_tolerance,
+            ),
+            l2=l2,
+            l3=self.l3,
+            outbox=Outbox(
+                clock=monotonic_ms,
+                max_access=s.max_queued_access_events,
+                max_invalidations=s.max_queued_invalidations,
+                on_urgent=self._wake.set,
+            ),
+            breaker=LatencyBreaker(
+                p99_ms=s.l3_breaker_p99_ms,
+                window=s.l3_breaker_window,
+                min_calls=s.l3_breaker_min_calls,
+                cooldown_ms=s.l3_breaker_cooldown_ms,
+                clock=monotonic_ms,
+            ),
+            node_id=s.node_id,
+            double_delete_delay_ms=s.double_delete_delay_ms,
+            l3_timeout_s=s.l3_timeout_ms / 1000,
+            l3_candidates=s.l3_candidates,
+            max_pending_l3_writes=s.max_pending_l3_writes,
+        )
+        # A new node starts at the end of the streams: it holds nothing older to invalidate.
+        await self.open_consumer(
+            stack,
+            ["cache.invalidate.v1"],
+            f"tiers-invalidate-{s.node_id}",
+            self._on_invalidation,
+            self.publisher,
+            auto_offset_reset="latest",
+        )
+        await self.open_consumer(
+            stack,
+            ["heat.scores.v1", "tier.commands.v1", "context.lifecycle.v1"],
+            f"tiers-control-{s.node_id}",
+            self._on_control,
+            self.publisher,
+            auto_offset_reset="latest",
+        )
+        await self._start_api(stack)
+        # Everything built so far lives as long as the process: out of the collector's way, so a full
+        # collection does not walk it in the middle of a request (tens of ms at p99 otherwise).
+        gc.freeze()
+        if s.embedder_preload:
+            # The model is a large object graph; freeze it too once it is loaded.
+            self.embedder.start_loading().add_done_callback(lambda _: gc.freeze())
+
+    async def _start_api(self, stack: AsyncExitStack) -> None:
+        assert self.cache is not None
+        s = self.settings
+        # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto says
+        # TCP, and accepted sockets inherit it; with proto 0 every response waits ~40 ms for a delayed ACK.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((s.api_host, s.api_port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"tiers API cannot listen on {s.api_host}:{s.api_port}: {exc}") from exc
+        self.api_port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            create_app(self.cache, s, self.embedder),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            server_header=False,
+        )
+        config.load()
+        server = _ApiServer(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        self._api, self._api_sockets = server, [sock]
+        stack.push_async_callback(self._stop_api)
+        log.info("tiers API listening", extra={"url": self.api_url})
+
+    async def _stop_api(self) -> None:
+        server, self._api = self._api, None
+        if server is not None:
+            server.should_exit = True
+            await server.shutdown(sockets=self._api_sockets)
+
+    def loops(self) -> Sequence[Loop]:
+        return (self._send_events, self._housekeeping, self._api_ticks)
+
+    # --- consumers ------------------------------------------------------------------------------
+
+    async def _on_invalidation(self, delivery: Delivery) -> None:
+        if isinstance(delivery.event, CacheInvalidated) and self.cache is not None:
+            self.cache.on_invalidated(delivery.event)
+
+    async def _on_control(self, delivery: Delivery) -> None:
+        event, cache = delivery.event, self.cache
+        if cache is None:
+            return
+        if isinstance(event, HeatScored):
+            cache.on_heat(event)
+        elif isinstance(event, WarmupRequested | PromotionRequested | EvictionRequested):
+            await cache.on_command(event)
+        elif isinstance(event, ConversationEnded):
+            await cache.on_conversation_ended(event)
+
+    # --- loops ----------------------------------------------------------------------------------
+
+    async def _send_events(self) -> None:
+        """Invalidations as soon as they are due; access events every access_flush_ms or per 500."""
+        assert self.cache is not None
+        outbox = self.cache.outbox
+        flush_s = self.settings.access_flush_ms / 1000
+        last_access_flush = time.monotonic()
+        while True:
+            due = outbox.next_due_ms()
+            wait_s = flush_s if due is None else max(0.0, min(flush_s, (due - monotonic_ms()) / 1000))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
+            self._wake.clear()
+            await self._publish_due(outbox)
+            now = time.monotonic()
+            if now - last_access_flush >= flush_s or outbox.stats().queued_access >= _ACCESS_BATCH:
+                last_access_flush = now
+                await self._publish_access(outbox)
+
+    async def _publish_due(self, outbox: Outbox) -> None:
+        assert self.publisher is not None
+        for event in outbox.take_due():
+            try:
+                await self.publisher.publish(event, wait=False)
+                self.published_invalidations += 1
+            except Exception as exc:  # broker unreachable: try again shortly, never crash the loop
+                self.publish_errors += 1
+                log.warning("invalidation publish failed; retrying", extra={"error": repr(exc)})
+                outbox.invalidation(event, delay_ms=_REPUBLISH_DELAY_MS)
+
+    async def _publish_access(self, outbox: Outbox) -> None:
+        assert self.publisher is not None
+        node = self.settings.node_id
+        for i, record in enumerate(outbox.take_access()):
+            try:
+                await self.publisher.publish(record.event(node), wait=False)
+            except Exception as exc:  # access events are statistics: drop, count, go on
+                self.publish_errors += 1
+                log.warning("access event publish failed; dropped", extra={"error": repr(exc)})
+            if i % _ACCESS_SLICE == _ACCESS_SLICE - 1:
+                await asyncio.sleep(0)  # let waiting requests in between slices: no long loop stalls
+
+    async def _drain_outbox(self) -> None:
+        if self.cache is None or self.publisher is None:
+            return
+        outbox = self.cache.outbox
+        # The second deletes still pending are sent now rather than lost.
+        deadline = time.monotonic() + 1.0
+        while outbox.next_due_ms() is not None and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+            await self._publish_due(outbox)
+        await self._publish_access(outbox)
+
+    async def _housekeeping(self) -> None:
+        assert self.cache is not None and self.l3 is not None
+        s = self.settings
+        last_l3_sweep = time.monotonic()
+        while True:
+            await asyncio.sleep(s.expire_interval_ms / 1000)
+            self.cache.expire()
+            await self.cache.flush_pending()
+            if time.monotonic() - last_l3_sweep >= s.l3_expire_interval_ms / 1000:
+                last_l3_sweep = time.monotonic()
+                try:
+                    await self.l3.delete_expired(self.cache.wall_ms())
+                except Exception as exc:  # the next sweep tries again
+                    log.warning("L3 expiry sweep failed", extra={"error": repr(exc)})
+
+    async def _api_ticks(self) -> None:
+        if self._api is not None:
+            await self._api.main_loop()  # keeps uvicorn's Date header fresh until shutdown
+
+    # --- health ---------------------------------------------------------------------------------
+
+    async def checks(self) -> dict[str, Any]:
+        cache = self.cache
+        return {
+            "api_serving": self._api is not None and self._api.started,
+            "api": {
+                "url": self.api_url if self.api_port else None,
+                "auth": self.settings.api_token is not None,
+            },
+            "embedder": self.embedder.health(),
+            "tiers": None
+            if cache is None
+            else {
+                "degraded": cache.degraded,
+                "l1_entries": len(cache.l1),
+                "l2_entries": len(cache.l2) if cache.l2 is not None else None,
+                "l3_breaker": cache.breaker.state,
+                "pending_l3_writes": cache.pending_l3_writes,
+                "published_invalidations": self.published_invalidations,
+                "publish_errors": self.publish_errors,
+            },
+        }

