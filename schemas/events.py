@@ -205,6 +205,7 @@ class HeatScored(Event):
     decision: Decision
     cluster: int | None = None
     model_version: Annotated[int, Field(ge=0)] = 0
+    # The tier node the decision is for; None means every node.
     node_id: str | None = None
 
 
@@ -232,6 +233,11 @@ class WindowComputed(Event):
     added_latency_ms_by_layer: dict[str, float] = Field(default_factory=dict)
     miss_latency_ms_p50: float | None = None
     miss_latency_ms_p95: float | None = None
+    # Added within v1 (optional): exact counts behind the rates above.
+    hits: Annotated[int, Field(ge=0)] | None = None
+    distinct_keys: Annotated[int, Field(ge=0)] | None = None
+    penetrated: Annotated[int, Field(ge=0)] | None = None
+    latency_spikes: Annotated[int, Field(ge=0)] | None = None
 
 
 class RequestPenetrated(Event):
@@ -281,6 +287,10 @@ class DriftClustered(Event):
     duration_ms: Annotated[int, Field(ge=0)]
     variance: Annotated[float, Field(ge=0.0)]
     service_spread: Score
+    # Added within v1 (optional): where the cluster was found and the DBSCAN radius used.
+    shard: str | None = None
+    window_start_ms: Annotated[int, Field(ge=0)] | None = None
+    eps: Annotated[float, Field(ge=0.0)] | None = None
 
 
 # --- tier.commands.v1 --------------------------------------------------------------------------

@@ -32,9 +32,8 @@ def attention_heat(head_heat: list[float]) -> float:
 
 
 class HeatEngine:
-    def __init__(self, policy: HeatPolicy, node_id: str | None = None) -> None:
+    def __init__(self, policy: HeatPolicy) -> None:
         self.policy = policy
-        self.node_id = node_id
         self._published: dict[Hashable, Decision] = {}
         self._pending: list[HeatScored] = []
         self.events_applied = 0
@@ -97,6 +96,5 @@ class HeatEngine:
                 decision=decision,
                 cluster=cluster,
                 model_version=self.policy.scorer.steps,
-                node_id=self.node_id,
             )
         )

@@ -35,7 +35,7 @@ class HeatService(Service):
         super().__init__(settings)
         self.heat_settings = settings
         policy = HeatPolicy(settings.capacity, seed=settings.seed, rescore_ms=settings.rescore_interval_ms)
-        self.engine = HeatEngine(policy, node_id=settings.node_id)
+        self.engine = HeatEngine(policy)
         self.model_version: int | None = None
         self._publisher: EventPublisher | None = None
         self._store: PostgresModelStore | None = None

@@ -19,7 +19,7 @@ from services.heat.policies.heat import HeatPolicy
 
 
 def _engine(capacity: int = 64) -> HeatEngine:
-    return HeatEngine(HeatPolicy(capacity, seed=7), node_id="heat-test")
+    return HeatEngine(HeatPolicy(capacity, seed=7))
 
 
 def test_accesses_become_keep_decisions_once() -> None:
