@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from pydantic import SecretStr
@@ -15,6 +15,7 @@ from infra.brokers import ApacheKafkaBroker, Broker, TansuBroker, broker_from_en
 from infra.postgres import EmbeddedPostgres, postgres_from_env
 from infra.topics import ensure_topics
 from services.runtime.settings import KafkaSettings, PostgresSettings
+from services.tiers.settings import TiersSettings
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +73,23 @@ async def topics_on(namespace: str):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def pg_settings(postgres: EmbeddedPostgres) -> PostgresSettings:
     return PostgresSettings(database_url=SecretStr(postgres.dsn), pg_retry_deadline_s=60)
+
+
+@pytest.fixture
+def node_settings(kafka, namespace, pg_settings) -> Callable[..., TiersSettings]:  # type: ignore[no-untyped-def]
+    """Settings for an in-process tier node on this test's namespace (ephemeral ports)."""
+
+    def make(node_id: str, **kw: object) -> TiersSettings:
+        base: dict[str, object] = {
+            "node_id": f"{node_id}-{namespace}",
+            "api_port": 0,
+            "metrics_port": 0,
+            "embedder_preload": False,
+            "l1_max_entries": 10_000,
+            "l2_pages": 64,
+            "kafka": kafka_settings_for(kafka, namespace),
+            "postgres": pg_settings,
+        }
+        return TiersSettings(**{**base, **kw})  # type: ignore[arg-type]
+
+    return make

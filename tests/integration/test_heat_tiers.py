@@ -12,7 +12,7 @@ from services.heat.service import HeatService
 from services.heat.settings import HeatSettings
 from services.tiers.entry import EntryMeta, encode_text
 from tests.integration.conftest import kafka_settings_for
-from tests.integration.test_tiers_service import node_settings, running, until  # noqa: F401 - a fixture
+from tests.integration.nodes import running, until
 
 pytestmark = pytest.mark.integration
 

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -37,8 +36,8 @@ from services.runtime.kafka import EventPublisher
 from services.tiers.client import AsyncTiersClient, TiersError
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService
-from services.tiers.settings import TiersSettings
 from tests.integration.conftest import kafka_settings_for
+from tests.integration.nodes import running, until
 
 pytestmark = pytest.mark.integration
 
@@ -58,50 +57,6 @@ def at_cosine(v: np.ndarray, cosine: float) -> np.ndarray:
     r -= (r @ v) * v
     r /= np.linalg.norm(r)
     return (cosine * v + np.sqrt(1 - cosine**2) * r).astype(np.float32)
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 10.0, step_s: float = 0.001) -> float:
-    """Seconds until `condition()` held; fails the test after `timeout_s`."""
-    started = time.perf_counter()
-    while not condition():
-        if time.perf_counter() - started > timeout_s:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(step_s)
-    return time.perf_counter() - started
-
-
-@pytest.fixture
-def node_settings(kafka, namespace, pg_settings) -> Callable[..., TiersSettings]:  # type: ignore[no-untyped-def]
-    def make(node_id: str, **kw: object) -> TiersSettings:
-        base: dict[str, object] = {
-            "node_id": f"{node_id}-{namespace}",
-            "api_port": 0,
-            "metrics_port": 0,
-            "embedder_preload": False,
-            "l1_max_entries": 10_000,
-            "l2_pages": 64,
-            "kafka": kafka_settings_for(kafka, namespace),
-            "postgres": pg_settings,
-        }
-        return TiersSettings(**{**base, **kw})  # type: ignore[arg-type]
-
-    return make
-
-
-@contextlib.asynccontextmanager
-async def running(settings: TiersSettings) -> AsyncIterator[TiersService]:
-    service = TiersService(settings)
-    await service.start()
-    task = asyncio.create_task(service.run())
-    try:
-        await until(
-            lambda: all(c.health()["assigned"] for c in service._consumers), timeout_s=60, step_s=0.05
-        )
-        yield service
-    finally:
-        service.request_stop()
-        await asyncio.gather(task, return_exceptions=True)
-        await service.stop()
 
 
 async def linked(writer: TiersService, reader: TiersService) -> None:
