@@ -1,0 +1,339 @@
+"""How many access events per second one faust worker sustains with its window lag under 1 s.
+
+One `python -m streams` worker on Apache Kafka. Live traffic (the Mooncake replay's keys, hits and
+layers, stamped with the current time) is produced at a ladder of rates, each for a few seconds;
+the window lag is the wall time between a window's end and its arrival on `stream.window.v1`, for
+every window that ends inside the step's steady state (after a warm-up, before the last 2 s). The
+figure is the highest rate whose p95 lag stays under 1 s with the worker keeping up; the worker's
+CPU share and events per CPU-second show how much of that is the machine (benchmarks share it).
+The baseline row is the same window maths offline (no Kafka, no faust) on the same events, so the
+ratio shows what the streaming plumbing costs.
+
+Run: `python -m bench.streams [--rates 500,1000,2000] [--seconds 12]`; `KAFKA_BOOTSTRAP` uses an
+existing cluster instead of starting one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated
+
+import aiohttp
+import typer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from rich.console import Console
+from rich.table import Table
+
+from infra.brokers import ApacheKafkaBroker, Broker, broker_from_env
+from infra.paths import free_port
+from infra.process import ServerProcess
+from infra.topics import ensure_topics
+from schemas.events import CacheAccessed, WindowComputed
+from schemas.topics import qualified
+from schemas.wire import decode, encode
+from streams.generator import ReplayConfig, mooncake_events
+from streams.offline import offline_windows
+
+RESULTS = Path(__file__).parent / "results"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+STAMP = 1_111_111_111_111  # placeholder time in the pre-encoded payloads
+LAG_LIMIT_MS = 1_000
+COOLDOWN_MS = 2_000
+
+
+@dataclass
+class Row:
+    setup: str
+    target_eps: float
+    sent_eps: float
+    applied_eps: float
+    windows: int
+    lag_p50_ms: float
+    lag_p95_ms: float
+    lag_max_ms: float
+    worker_cpu_pct: float
+    events_per_cpu_s: float
+    keeps_up: bool
+
+
+def _templates(count: int) -> list[tuple[bytes, bytes, str]]:
+    """(key, payload with a placeholder time, topic name) from the Mooncake replay."""
+    events = [e for e in mooncake_events(config=ReplayConfig(base_ms=0)) if isinstance(e, CacheAccessed)]
+    out = []
+    for n in range(count):
+        e = events[n % len(events)]
+        e = e.model_copy(update={"occurred_at_ms": STAMP, "event_id": uuid.uuid4().hex})
+        out.append((e.kafka_key().encode(), encode(e), e.topic))
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _health(port: int) -> dict[str, object]:
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/healthz", timeout=aiohttp.ClientTimeout(total=2)) as r,
+        ):
+            body = await r.json(content_type=None)
+            return body if isinstance(body, dict) else {}
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return {}
+
+
+class _Lags:
+    def __init__(self) -> None:
+        self.by_end: list[tuple[int, float]] = []
+
+    async def follow(self, bootstrap: str, topic: str, stop: asyncio.Event) -> None:
+        reader = AIOKafkaConsumer(
+            topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", group_id=None
+        )
+        await reader.start()
+        try:
+            while not stop.is_set():
+                batch = await reader.getmany(timeout_ms=100)
+                now = time.time() * 1000
+                for records in batch.values():
+                    for record in records:
+                        event = decode(record.value)
+                        if isinstance(event, WindowComputed):
+                            self.by_end.append((event.window_end_ms, now - event.window_end_ms))
+        finally:
+            await reader.stop()
+
+
+async def _step(
+    producer: AIOKafkaProducer,
+    templates: list[tuple[bytes, bytes, str]],
+    namespace: str,
+    rate: float,
+    seconds: float,
+) -> tuple[float, float, float]:
+    """Sends at `rate` for `seconds`; returns (start ms, end ms, achieved rate)."""
+    placeholder = str(STAMP).encode()
+    began = time.monotonic()
+    start_ms = time.time() * 1000
+    sent = 0
+    tick_s = 0.01
+    while (elapsed := time.monotonic() - began) < seconds:
+        due = int(elapsed * rate) + 1
+        now = str(int(time.time() * 1000)).encode()
+        while sent < due:
+            key, payload, topic = templates[sent % len(templates)]
+            await producer.send(qualified(topic, namespace), payload.replace(placeholder, now), key=key)
+            sent += 1
+        await asyncio.sleep(tick_s)
+    await producer.flush()
+    took = time.monotonic() - began
+    return start_ms, time.time() * 1000, sent / took
+
+
+async def produce_step(
+    bootstrap: str, namespace: str, rate: float, seconds: float
+) -> tuple[float, float, float]:
+    templates = _templates(20_000)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=5, acks=1)
+    await producer.start()
+    try:
+        return await _step(producer, templates, namespace, rate, seconds)
+    finally:
+        await producer.stop()
+
+
+async def _produce_elsewhere(
+    bootstrap: str, namespace: str, rate: float, seconds: float
+) -> tuple[float, float, float]:
+    """Runs the producer in its own process, so it does not delay the reading of the windows."""
+    code = (
+        "import asyncio, json, sys; from bench.streams import produce_step; "
+        "args = sys.argv[1:3] + [float(a) for a in sys.argv[3:5]]; "
+        "print(json.dumps(asyncio.run(produce_step(*args))))"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        bootstrap,
+        namespace,
+        str(rate),
+        str(seconds),
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"producer failed ({proc.returncode})")
+    start_ms, end_ms, sent_eps = json.loads(out.decode().strip().splitlines()[-1])
+    return float(start_ms), float(end_ms), float(sent_eps)
+
+
+def _baseline(templates: list[tuple[bytes, bytes, str]], count: int) -> float:
+    events = []
+    for n in range(count):
+        e = decode(
+            templates[n % len(templates)][1].replace(
+                str(STAMP).encode(), str(1_700_000_000_000 + 1_000 * (n // 500)).encode()
+            )
+        )
+        assert isinstance(e, CacheAccessed)
+        events.append(e)
+    began = time.perf_counter()
+    offline_windows(events)
+    return count / (time.perf_counter() - began)
+
+
+async def run(broker: Broker, rates: list[float], seconds: float, warmup_s: float) -> list[Row]:
+    namespace = f"bench{uuid.uuid4().hex[:6]}."
+    await ensure_topics(broker.bootstrap, namespace)
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="bench-streams-")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO_ROOT),
+        "KAFKA_BOOTSTRAP": broker.bootstrap,
+        "KAFKA_TOPIC_NAMESPACE": namespace,
+        "CACHEMESH_STREAMS_METRICS_PORT": str(port),
+        "CACHEMESH_STREAMS_DATA_DIR": data_dir,
+        "CACHEMESH_STREAMS_LOG_LEVEL": "WARNING",
+    }
+    worker = ServerProcess(
+        [sys.executable, "-m", "streams"], log_path=Path(data_dir) / "worker.log", env=env, cwd=REPO_ROOT
+    )
+    rows: list[Row] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not (await _health(port)).get("healthy"):
+            if time.monotonic() > deadline or not worker.is_alive():
+                raise RuntimeError(f"worker did not start:\n{worker.log_tail()}")
+            await asyncio.sleep(0.5)
+        lags = _Lags()
+        stop = asyncio.Event()
+        follower = asyncio.create_task(
+            lags.follow(broker.bootstrap, qualified(WindowComputed.topic, namespace), stop)
+        )
+        try:
+            for rate in rates:
+                applied_before = int((await _health(port)).get("applied", 0))  # type: ignore[call-overload]
+                cpu_before = _cpu_seconds(worker.pid)
+                start_ms, end_ms, sent_eps = await _produce_elsewhere(
+                    broker.bootstrap, namespace, rate, seconds
+                )
+                await asyncio.sleep(2.5)  # the last windows of the step close and arrive
+                cpu = _cpu_seconds(worker.pid) - cpu_before
+                applied = int((await _health(port)).get("applied", 0)) - applied_before  # type: ignore[call-overload]
+                # Steady state only: after the warm-up, and before traffic stops (the last windows
+                # then close by idleness, not by newer events).
+                steady = (start_ms + warmup_s * 1000, end_ms - COOLDOWN_MS)
+                window = [lag for end, lag in lags.by_end if steady[0] < end <= steady[1]]
+                p95 = _percentile(window, 0.95)
+                sent = sent_eps * seconds
+                keeps_up = bool(window) and p95 < LAG_LIMIT_MS and applied >= 0.99 * sent
+                rows.append(
+                    Row(
+                        "1 faust worker",
+                        rate,
+                        sent_eps,
+                        applied / seconds,
+                        len(window),
+                        statistics.median(window) if window else float("nan"),
+                        p95,
+                        max(window) if window else float("nan"),
+                        100.0 * cpu / (seconds + 2.5),
+                        applied / cpu if cpu > 0 else float("nan"),
+                        keeps_up,
+                    )
+                )
+                print(json.dumps(asdict(rows[-1])), flush=True)
+                lags.by_end.clear()
+                await asyncio.sleep(2.0)  # drain before the next step
+        finally:
+            stop.set()
+            await follower
+    finally:
+        worker.stop(20)
+    return rows
+
+
+def main(
+    rates: Annotated[
+        str, typer.Option(help="Comma-separated target rates (events/s)")
+    ] = "1000,2000,3000,4000,5000",
+    seconds: Annotated[float, typer.Option(help="Seconds per rate step")] = 12.0,
+    warmup: Annotated[float, typer.Option(help="Seconds at the start of a step left out of the lag")] = 3.0,
+) -> None:
+    ladder = [float(r) for r in rates.split(",") if r.strip()]
+    broker: Broker = broker_from_env() if os.environ.get("KAFKA_BOOTSTRAP") else ApacheKafkaBroker()
+    with broker:
+        rows = asyncio.run(run(broker, ladder, seconds, warmup))
+    templates = _templates(20_000)
+    offline_eps = _baseline(templates, 20_000)
+    sustained = max((r.sent_eps for r in rows if r.keeps_up), default=0.0)
+    table = Table(title=f"streams: window lag per input rate (one worker; lag limit {LAG_LIMIT_MS} ms)")
+    columns = (
+        "setup",
+        "target/s",
+        "sent/s",
+        "applied/s",
+        "windows",
+        "lag p50 ms",
+        "lag p95 ms",
+        "lag max ms",
+        "worker CPU %",
+        "events/CPU-s",
+    )
+    for column in (*columns, "x offline", "< 1 s"):
+        table.add_column(column, justify="left" if column == "setup" else "right")
+    for r in rows:
+        table.add_row(
+            r.setup,
+            f"{r.target_eps:,.0f}",
+            f"{r.sent_eps:,.0f}",
+            f"{r.applied_eps:,.0f}",
+            str(r.windows),
+            f"{r.lag_p50_ms:,.0f}",
+            f"{r.lag_p95_ms:,.0f}",
+            f"{r.lag_max_ms:,.0f}",
+            f"{r.worker_cpu_pct:.0f}",
+            f"{r.events_per_cpu_s:,.0f}",
+            f"{r.applied_eps / offline_eps:.2f}",
+            "yes" if r.keeps_up else "no",
+        )
+    blank = [""] * 6
+    table.add_row("offline maths (no Kafka)", "", "", f"{offline_eps:,.0f}", *blank, "1.00", "")
+    console = Console(width=200)
+    console.print(table)
+    console.print(f"sustained with p95 window lag < 1 s: {sustained:,.0f} events/s")
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / "streams.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
+        writer.writeheader()
+        writer.writerows(asdict(r) for r in rows)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        typer.run(main)

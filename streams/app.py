@@ -1,0 +1,526 @@
+"""The faust app: thin agents that move records between Kafka and the pure window stages.
+
+Stage 1 (`ingest` agent + a timer) reads `cache.access.v1` and `kv.events.v1`, publishes
+`RequestPenetrated` / `LatencySpikeDetected` as they happen, keeps partial panes in memory and, on
+every tick, hands the closed ones to stage 2, records each partition's progress in the `ingest`
+table and acknowledges the records those panes counted (manual acks: an offset is committed only
+once what it counted has been handed on; a crash replays the records of open panes). Stage 2
+(`merge` agent) merges the panes and publishes `WindowComputed` and `DriftClustered`.
+
+Tables live in faust's memory store and are rebuilt from their changelogs on start. Writes go to
+the changelog partition the stage chose (the source partition, or the hand-off partition), so
+recovery puts every entry back where its owner reads it.
+
+Web (faust's server, `CACHEMESH_STREAMS_METRICS_PORT`): `/healthz`, `/metrics` (Prometheus text:
+cachemesh's metrics, and faust's when `CACHEMESH_STREAMS_FAUST_METRICS` is on), `/windows/` and
+`/drift/` (the latest window per group and the latest clusters per shard), and faust's own views,
+e.g. `/table/latest/`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import faust
+from aiohttp.web import Response
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import KafkaError
+from faust.types import TP, EventT, StreamT
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+
+from schemas.events import (
+    CacheAccessed,
+    DriftClustered,
+    Event,
+    KvBlockStored,
+    LatencySpikeDetected,
+    RequestPenetrated,
+    WindowComputed,
+)
+from schemas.wire import (
+    DLQ_CONSUMER_GROUP,
+    DLQ_FAILED_AT_MS,
+    DLQ_KIND,
+    DLQ_REASON,
+    DLQ_SOURCE_OFFSET,
+    DLQ_SOURCE_PARTITION,
+    DLQ_SOURCE_TOPIC,
+    DecodeError,
+    decode,
+    encode,
+)
+from streams import metrics
+from streams.ingest import Ingest, IngestCounters
+from streams.merge import Merge
+from streams.records import Partial, TableWrite, decode_handoff
+from streams.settings import StreamsSettings
+from streams.spikes import SpikeDetector
+from streams.topology import (
+    INGEST_TABLE,
+    INTERNAL_MAX_MESSAGE_BYTES,
+    LATEST_TABLE,
+    MERGE_TABLE,
+    Names,
+    names,
+    source_partitions,
+)
+from streams.windows import pane_start
+
+log = logging.getLogger(__name__)
+
+_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+_MAX_BATCH_BYTES = 1024 * 1024
+# A partition with nothing new is polled every fetch_max_wait_ms; a poll older than this is stale.
+_FETCH_FRESH_MS = 3_000
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class StreamsApp:
+    """One faust app configured from `StreamsSettings`; `.app` is what a faust Worker runs."""
+
+    def __init__(
+        self,
+        settings: StreamsSettings,
+        *,
+        source_count: int | None = None,
+        data_dir: str | None = None,
+        clock: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.settings = settings
+        self.names: Names = names(settings)
+        self.source_count = source_count or source_partitions(settings)
+        self.clock = clock
+        self.web_port = settings.metrics_port or free_port(settings.metrics_host)
+        self.ingest = Ingest(
+            lateness_ms=settings.lateness_ms,
+            idle_ms=settings.idle_ms,
+            spike_rtt_ms=settings.spike_rtt_ms,
+            spikes=SpikeDetector(settings.spike_rtt_ms, settings.spike_cooldown_ms),
+        )
+        self.merge = Merge(settings.drift_params(), drift_enabled=settings.drift_enabled)
+        self.ready = False
+        self.last_window_lag_ms: int | None = None
+        self.latest_windows: dict[str, dict[str, Any]] = {}
+        self.latest_drift: dict[str, list[dict[str, Any]]] = {}
+        # Per source partition, in offset order: (stream, record, start of the pane it counts in).
+        self._pending: dict[int, deque[tuple[StreamT, EventT, int]]] = {}
+        self._ack_soon: list[tuple[StreamT, EventT]] = []
+        self._resend_progress = False
+        self._last_offset: dict[tuple[str, int], int] = {}
+        self._last_seen_ms: dict[int, int] = {}
+        self._reported = IngestCounters()
+        self._lock = asyncio.Lock()
+        self._faust_registry = CollectorRegistry()
+        self.app = self._build_app(data_dir or settings.data_dir)
+        self._define()
+
+    # --- wiring ------------------------------------------------------------------------------
+
+    def _build_app(self, data_dir: str | None) -> faust.App:
+        s = self.settings
+        brokers = [f"kafka://{host.strip()}" for host in s.kafka.bootstrap.split(",") if host.strip()]
+        conf: dict[str, Any] = {
+            "broker": brokers,
+            "store": "memory://",
+            "topic_partitions": s.partitions,
+            "topic_allow_declare": True,
+            "processing_guarantee": "at_least_once",
+            # Records are acknowledged in batches after their state is safe; a stop or rebalance
+            # must not wait for the rest: they are read again and skipped by offset.
+            "stream_wait_empty": False,
+            "table_standby_replicas": 0,
+            "broker_session_timeout": s.session_timeout_ms / 1000.0,
+            "broker_heartbeat_interval": min(3.0, s.session_timeout_ms / 3000.0),
+            # One consumer feeds both stages: a deep stage-1 buffer would queue the hand-off
+            # records behind thousands of accesses (head-of-line), so keep it shallow.
+            "stream_buffer_maxsize": s.stream_buffer,
+            "broker_max_poll_records": s.stream_buffer,
+            "producer_acks": -1,
+            "producer_linger_ms": s.kafka.linger_ms,
+            "producer_max_request_size": _MAX_REQUEST_BYTES,
+            # aiokafka builds one batch per partition at a time and makes a sender wait until a
+            # full one is on the wire: room for many partials per round trip.
+            "producer_max_batch_size": _MAX_BATCH_BYTES,
+            "consumer_max_fetch_size": _MAX_REQUEST_BYTES,
+            "web_enabled": True,
+            "web_bind": s.metrics_host,
+            "web_host": s.metrics_host,
+            "web_port": self.web_port,
+            "web_in_thread": False,
+            "autodiscover": False,
+            "worker_redirect_stdouts": False,
+        }
+        if data_dir:
+            conf["datadir"] = data_dir
+        app = faust.App(self.names.app_id, **conf)
+        if s.faust_metrics:
+            from faust.sensors.prometheus import setup_prometheus_sensors
+
+            setup_prometheus_sensors(
+                app,
+                pattern="/faust-metrics",
+                registry=self._faust_registry,
+                name_prefix="cachemesh_streams_faust",
+            )
+        return app
+
+    def _define(self) -> None:
+        app, n, s = self.app, self.names, self.settings
+        self.source = app.topic(n.access, n.kv, key_serializer="raw", value_serializer="raw")
+        self.handoff = app.topic(
+            n.handoff, partitions=s.partitions, internal=True, key_serializer="raw", value_serializer="json"
+        )
+        table_args: dict[str, Any] = {
+            "schema": faust.Schema(key_serializer="json", value_serializer="json"),
+            "extra_topic_configs": {"max.message.bytes": str(INTERNAL_MAX_MESSAGE_BYTES)},
+        }
+        self.ingest_table = app.Table(INGEST_TABLE, partitions=self.source_count, **table_args)
+        self.merge_table = app.Table(MERGE_TABLE, partitions=s.partitions, **table_args)
+        self.latest_table = app.Table(LATEST_TABLE, partitions=s.partitions, **table_args)
+        self.ingest_table.on_recover(self._on_recovered)
+
+        async def ingest(stream: StreamT) -> None:
+            manual = stream.noack()  # type: ignore[attr-defined]
+            async for event in manual.events():
+                await self.on_source_record(manual, event)
+
+        async def merge(stream: StreamT) -> None:
+            async for event in stream.events():
+                await self.on_handoff_record(event)
+
+        app.agent(self.source, name=f"{n.app_id}.ingest")(ingest)
+        app.agent(self.handoff, name=f"{n.app_id}.merge")(merge)
+        app.timer(s.tick_interval_ms / 1000.0)(self.tick)
+        app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
+
+        async def healthz(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+            report = self.health()
+            return view.json(report, status=200 if report["healthy"] else 503)
+
+        async def metrics_page(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+            body = generate_latest(REGISTRY) + generate_latest(self._faust_registry)
+            return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})  # type: ignore[return-value]
+
+        async def windows_page(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+            return view.json([self.latest_windows[k] for k in sorted(self.latest_windows)])
+
+        async def drift_page(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
+            return view.json(self.latest_drift)
+
+        app.page("/healthz", name="healthz")(healthz)
+        app.page("/metrics", name="metrics")(metrics_page)
+        app.page("/windows/", name="windows")(windows_page)
+        app.page("/drift/", name="drift")(drift_page)
+
+    # --- stage 1 -----------------------------------------------------------------------------
+
+    async def on_source_record(self, stream: StreamT, event: EventT) -> None:
+        message = event.message
+        topic, partition, offset = message.topic, message.partition, message.offset
+        if topic == self.names.access and not self.ingest.owns(partition):
+            # Not ours (revoked while in flight): left unacknowledged, so its owner reads it again.
+            metrics.EVENTS.labels("other").inc()
+            return
+        self._last_offset[(topic, partition)] = offset
+        try:
+            decoded = decode(message.value, self.settings.kafka.max_event_bytes)
+        except DecodeError as exc:
+            await self._dead_letter(message, exc.kind, exc.reason)
+            self._ack_soon.append((stream, event))
+            return
+        if not isinstance(decoded, CacheAccessed) or topic != self.names.access:
+            # KV stores only move warm times (kept in memory); anything else is not ours.
+            if isinstance(decoded, KvBlockStored):
+                self.ingest.apply(partition, offset, decoded, self.clock())
+            else:
+                metrics.EVENTS.labels("other").inc()
+            self._ack_soon.append((stream, event))
+            return
+        self._last_seen_ms[partition] = wall_ms()
+        # Acknowledged once the pane it counts in is closed (see `tick`).
+        self._pending.setdefault(partition, deque()).append(
+            (stream, event, pane_start(decoded.occurred_at_ms))
+        )
+        for out in self.ingest.apply(partition, offset, decoded, self.clock()):
+            await self.publish(out)
+            if isinstance(out, RequestPenetrated):
+                metrics.PENETRATIONS.inc()
+            elif isinstance(out, LatencySpikeDetected):
+                metrics.SPIKES.inc()
+
+    async def tick(self) -> None:
+        """Close the panes the watermarks passed, hand them to stage 2, record the progress, then
+        acknowledge the records those panes counted."""
+        if not self.ready:
+            return
+        async with self._lock:
+            closing = self.ingest.close(self.clock(), self.caught_up(), self.source_count)
+            sent = []
+            for partial in closing.partials:
+                key = partial.routing_key().encode()
+                sent.append(await self.send(self.names.handoff, key, _json(partial.to_json())))
+            progress = closing.progress
+            if self._resend_progress:
+                # After a restart stage 2 may not know where stage 1 stands; tell it once.
+                progress = self.ingest.progress(self.source_count)
+                self._resend_progress = False
+            if progress is not None:
+                for q in range(self.settings.partitions):
+                    sent.append(await self.send(self.names.handoff, None, _json(progress.to_json()), q))
+            if sent:
+                await asyncio.gather(*sent)
+            await self.write(self.ingest_table, closing.writes)
+            await self._acknowledge()
+            self._report_counters()
+
+    async def _acknowledge(self) -> None:
+        soon, self._ack_soon = self._ack_soon, []
+        for stream, event in soon:
+            await stream.ack(event)
+        for p, queue in self._pending.items():
+            closed = self.ingest.closed_before(p)
+            if closed is None:
+                continue
+            # In offset order: a record waits for the ones before it (commits are contiguous).
+            while queue and queue[0][2] < closed:
+                stream, event, _ = queue.popleft()
+                await stream.ack(event)
+
+    def caught_up(self) -> dict[int, bool]:
+        """Per owned source partition: has everything up to its end offset been applied? Asks
+        aiokafka for the end offset of the partition's latest fetch, and trusts it only when that
+        fetch is recent and came after the last record was applied (aiokafka does not fetch a
+        partition while it holds unread records of it)."""
+        consumer = self._kafka_consumer()
+        now = wall_ms()
+        committed = getattr(self.app.consumer, "_committed_offset", {})
+        out: dict[int, bool] = {}
+        for p in self.ingest.partitions:
+            out[p] = False
+            if consumer is None:
+                continue
+            tp = TopicPartition(self.names.access, p)
+            try:
+                end, polled = consumer.highwater(tp), consumer.last_poll_timestamp(tp)
+            except (AssertionError, KafkaError):  # not assigned (rebalancing)
+                continue
+            if end is None or polled is None or now - polled > _FETCH_FRESH_MS:
+                continue
+            if polled < self._last_seen_ms.get(p, 0):
+                continue  # no fetch since the last record was applied: more may be on the way
+            seen = self._last_offset.get((tp.topic, p))
+            upto = seen + 1 if seen is not None else (committed.get(TP(tp.topic, p)) or 0)
+            out[p] = upto >= end
+        return out
+
+    def _kafka_consumer(self) -> AIOKafkaConsumer | None:
+        try:
+            consumer = self.app.consumer._thread._ensure_consumer()  # type: ignore[attr-defined]
+        except Exception:
+            return None
+        return consumer if isinstance(consumer, AIOKafkaConsumer) else None
+
+    def _report_counters(self) -> None:
+        now, last = self.ingest.counters, self._reported
+        for outcome in ("applied", "replayed", "late"):
+            delta = getattr(now, outcome) - getattr(last, outcome)
+            if delta:
+                metrics.EVENTS.labels(outcome).inc(delta)
+        self._reported = IngestCounters(now.applied, now.replayed, now.late, now.warm_events)
+        metrics.OPEN_PANES.set(self.ingest.open_panes())
+
+    # --- stage 2 -----------------------------------------------------------------------------
+
+    async def on_handoff_record(self, event: EventT) -> None:
+        q = event.message.partition
+        record = decode_handoff(event.value)  # type: ignore[arg-type]
+        if isinstance(record, Partial):
+            await self.write(self.merge_table, self.merge.apply_partial(q, record))
+            return
+        writes = self.merge.apply_progress(q, record)
+        if not writes:
+            return
+        await self.write(self.merge_table, writes)
+        emission = self.merge.emit(q)
+        now = self.clock()
+        for out in emission.events:
+            await self.publish(out)
+        await self.write(self.merge_table, emission.writes)
+        for out in emission.events:
+            if isinstance(out, WindowComputed):
+                await self._record_window(out, now)
+            elif isinstance(out, DriftClustered):
+                metrics.CLUSTERS.labels(out.pattern).inc()
+        self._record_drift([e for e in emission.events if isinstance(e, DriftClustered)])
+
+    async def _record_window(self, window: WindowComputed, now_ms: int) -> None:
+        lag_ms = max(0, now_ms - window.window_end_ms)
+        self.last_window_lag_ms = lag_ms
+        metrics.WINDOW_LAG.observe(lag_ms / 1000.0)
+        metrics.LAST_WINDOW_LAG.set(lag_ms / 1000.0)
+        metrics.WINDOWS.labels(window.window).inc()
+        labels = (window.window, window.shard, window.model or "*")
+        metrics.QPS.labels(*labels).set(window.qps)
+        metrics.ENTROPY.labels(*labels).set(window.entropy_bits)
+        metrics.HIT_RATE.labels(*labels).set(window.hit_rate)
+        key = "|".join(labels)
+        summary = window.model_dump(mode="json", exclude_none=True)
+        self.latest_windows[key] = summary
+        # A live view only: kept in the table for faust's web views, not sent to its changelog.
+        self.latest_table.data[key] = summary
+
+    def _record_drift(self, clusters: list[DriftClustered]) -> None:
+        by_shard: dict[str, list[dict[str, Any]]] = {}
+        for cluster in clusters:
+            by_shard.setdefault(cluster.shard or "", []).append(
+                cluster.model_dump(mode="json", exclude_none=True)
+            )
+        self.latest_drift.update(by_shard)
+
+    # --- edges -------------------------------------------------------------------------------
+
+    async def publish(self, event: Event) -> None:
+        topic = self.names.drift if isinstance(event, DriftClustered) else self.names.window
+        payload = encode(event)
+        limit = self.settings.kafka.max_event_bytes
+        while len(payload) > limit and isinstance(event, DriftClustered) and len(event.keys) > 1:
+            event = event.model_copy(update={"keys": event.keys[: len(event.keys) // 2]})
+            payload = encode(event)
+        headers = [("event_type", str(event.type).encode())]  # type: ignore[attr-defined]
+        await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
+
+    async def write(self, table: Any, writes: Iterable[TableWrite]) -> None:
+        """Applies stage writes to the local table and its changelog, on the chosen partition."""
+        changelog = table.changelog_topic.get_topic_name()
+        for w in writes:
+            key = _json(w.key)
+            if w.value is None:
+                table.data.pop(w.key, None)
+                await self.send(changelog, key, None, w.partition)
+            else:
+                table.data[w.key] = w.value
+                await self.send(changelog, key, _json(w.value), w.partition)
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Awaitable[Any]:
+        """Queues bytes on faust's producer (the one its commits flush) without faust's per-message
+        channel machinery; returns the delivery future."""
+        fut: Awaitable[Any] = await self.app.producer.send(topic, key, value, partition, None, headers)
+        return fut
+
+    async def _dead_letter(self, message: Any, kind: str, reason: str) -> None:
+        topic_name = self.names.dlq(message.topic)
+        headers = list(message.headers or ())
+        headers += [
+            (DLQ_REASON, reason[:1000].encode()),
+            (DLQ_KIND, kind.encode()),
+            (DLQ_SOURCE_TOPIC, message.topic.encode()),
+            (DLQ_SOURCE_PARTITION, str(message.partition).encode()),
+            (DLQ_SOURCE_OFFSET, str(message.offset).encode()),
+            (DLQ_CONSUMER_GROUP, self.names.app_id.encode()),
+            (DLQ_FAILED_AT_MS, str(wall_ms()).encode()),
+        ]
+        log.warning(
+            "dead-lettered a record", extra={"topic": message.topic, "offset": message.offset, "kind": kind}
+        )
+        metrics.EVENTS.labels("dead_lettered").inc()
+        await (await self.send(topic_name, message.key, message.value, headers=headers))
+
+    # --- rebalancing and health ---------------------------------------------------------------
+
+    def _tune_fetch(self) -> None:
+        """faust hard-codes a 1.5 s fetch long-poll. aiokafka keeps one fetch in flight per broker
+        and leaves out of it the partitions whose records are still being processed, so a fetch of
+        only the quiet partitions (the hand-off between ticks, kv.events) would hold back the next
+        fetch of the busy ones for up to that long: shorten it."""
+        consumer = self._kafka_consumer()
+        fetcher = getattr(consumer, "_fetcher", None)
+        if fetcher is not None and hasattr(fetcher, "_fetch_max_wait_ms"):
+            fetcher._fetch_max_wait_ms = self.settings.fetch_max_wait_ms
+
+    async def _on_recovered(self) -> None:
+        """After faust rebuilt the tables: load the partitions this worker now owns."""
+        self._tune_fetch()
+        assigned = self.app.consumer.assignment()
+        sources = {tp.partition for tp in assigned if tp.topic == self.names.access}
+        handoffs = {tp.partition for tp in assigned if tp.topic == self.names.handoff}
+        async with self._lock:
+            ingest_items = list(self.ingest_table.data.items())
+            for p in sorted(sources - set(self.ingest.partitions)):
+                self.ingest.load(p, ingest_items)
+            for p in sorted(set(self.ingest.partitions) - sources):
+                self.ingest.revoke(p)
+            merge_items = list(self.merge_table.data.items())
+            for q in sorted(handoffs - set(self.merge.partitions)):
+                self.merge.load(q, merge_items)
+            for q in sorted(set(self.merge.partitions) - handoffs):
+                self.merge.revoke(q)
+            for row in self.latest_table.data.values():
+                if isinstance(row, dict) and "window" in row:
+                    key = f"{row['window']}|{row['shard']}|{row.get('model', '*')}"
+                    self.latest_windows.setdefault(key, row)
+            self._resend_progress = True
+            self.ready = True
+        log.info(
+            "streams state recovered",
+            extra={"source_partitions": sorted(sources), "handoff_partitions": sorted(handoffs)},
+        )
+
+    async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
+        async with self._lock:
+            self.ready = False
+            for tp in revoked:
+                if tp.topic == self.names.access:
+                    self.ingest.revoke(tp.partition)
+                    # Not acknowledged: the partition's next owner reads these again.
+                    self._pending.pop(tp.partition, None)
+                elif tp.topic == self.names.handoff:
+                    self.merge.revoke(tp.partition)
+
+    def health(self) -> dict[str, Any]:
+        app = self.app
+        running = bool(app.started) and not app.crashed
+        counters = self.ingest.counters
+        return {
+            "healthy": running and self.ready,
+            "service": "streams",
+            "app_id": self.names.app_id,
+            "running": running,
+            "recovered": self.ready,
+            "source_partitions": self.ingest.partitions,
+            "handoff_partitions": self.merge.partitions,
+            "applied": counters.applied,
+            "late": counters.late,
+            "replayed": counters.replayed,
+            "open_panes": self.ingest.open_panes(),
+            "windows": self.merge.counters.windows,
+            "drift_clusters": self.merge.counters.clusters,
+            "last_window_lag_ms": self.last_window_lag_ms,
+        }

@@ -1,0 +1,307 @@
+"""Event-time windows over cache accesses: window boundaries, the mergeable per-pane aggregate and
+the statistics of a window (DESIGN.md §3; seed §2.3, §3.3).
+
+Time is `occurred_at_ms`, never the clock of the machine that counts, so a replay and the live
+stream agree. Everything is built from 1 s *panes* aligned to the epoch: the tumbling 1 s window is
+one pane; the hopping 10 s window advancing by 1 s that ends at `e` is the ten panes before `e`.
+A pane aggregate merges by addition, so partial panes (one per source partition) and panes of a
+hopping window combine in any order with the same counts.
+
+Groups: every access counts towards its shard and towards all shards (`*`), each once without a
+model and once with its model when it has one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from schemas.events import CacheAccessed, WindowComputed
+from streams.entropy import shannon_entropy_bits
+from streams.penetration import (
+    LayerCounts,
+    added_latency_by_layer,
+    is_penetration,
+    penetration_by_layer,
+)
+from streams.spikes import SPIKE_RTT_MS
+
+PANE_MS = 1_000
+ALL_SHARDS = "*"
+UNSHARDED = "unsharded"
+
+WindowName = Literal["tumbling_1s", "hopping_10s"]
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """Windows of `size_ms` starting every `step_ms`, aligned to multiples of `step_ms`."""
+
+    name: WindowName
+    size_ms: int
+    step_ms: int
+
+    def __post_init__(self) -> None:
+        if self.size_ms <= 0 or self.step_ms <= 0 or self.size_ms % PANE_MS or self.step_ms % PANE_MS:
+            raise ValueError("window size and step must be positive multiples of the pane")
+
+    def windows_for(self, ts_ms: int) -> list[tuple[int, int]]:
+        """Every [start, end) window that contains `ts_ms`, earliest first."""
+        last_start = ts_ms - ts_ms % self.step_ms
+        starts = range(last_start, ts_ms - self.size_ms, -self.step_ms)
+        return sorted((s, s + self.size_ms) for s in starts if s >= 0)
+
+    def window_ending(self, end_ms: int) -> tuple[int, int]:
+        return (end_ms - self.size_ms, end_ms)
+
+    def panes(self, end_ms: int) -> range:
+        """Start times of the panes that make up the window ending at `end_ms`."""
+        return range(end_ms - self.size_ms, end_ms, PANE_MS)
+
+
+TUMBLING_1S = WindowSpec("tumbling_1s", 1_000, 1_000)
+HOPPING_10S = WindowSpec("hopping_10s", 10_000, 1_000)
+WINDOWS: tuple[WindowSpec, ...] = (TUMBLING_1S, HOPPING_10S)
+# How far back a pane can still be needed: the longest window.
+PANE_RETENTION_MS = max(w.size_ms for w in WINDOWS)
+
+
+def pane_start(ts_ms: int) -> int:
+    return ts_ms - ts_ms % PANE_MS
+
+
+# --- groups -------------------------------------------------------------------------------------
+
+Group = tuple[str, str | None]  # (shard or "*", model or None)
+
+
+def shard_of(access: CacheAccessed) -> str:
+    return access.shard if access.shard else UNSHARDED
+
+
+def groups_for(access: CacheAccessed) -> list[Group]:
+    shard = shard_of(access)
+    groups: list[Group] = [(shard, None), (ALL_SHARDS, None)]
+    if access.model:
+        groups += [(shard, access.model), (ALL_SHARDS, access.model)]
+    return groups
+
+
+def tracks_drift(group: Group) -> bool:
+    """Drift is clustered per shard over keys, without splitting by model."""
+    return group[1] is None and group[0] != ALL_SHARDS
+
+
+def group_order(group: Group) -> tuple[str, str]:
+    return (group[0], group[1] or "")
+
+
+def group_label(group: Group) -> str:
+    return f"{group[0]}/{group[1] or '*'}"
+
+
+# --- the aggregate ------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class KeyActivity:
+    """One key inside one pane, for drift features (seed §2.4)."""
+
+    count: int = 0
+    first_ms: int = 0
+    last_ms: int = 0
+    max_depth: int = 0
+    services: set[str] = field(default_factory=set)
+
+    def add(self, ts_ms: int, depth: int, service: str | None) -> None:
+        if self.count == 0 or ts_ms < self.first_ms:
+            self.first_ms = ts_ms
+        self.last_ms = max(self.last_ms, ts_ms)
+        self.count += 1
+        self.max_depth = max(self.max_depth, depth)
+        if service:
+            self.services.add(service)
+
+    def merge(self, other: KeyActivity) -> None:
+        if other.count == 0:
+            return
+        if self.count == 0 or other.first_ms < self.first_ms:
+            self.first_ms = other.first_ms
+        self.last_ms = max(self.last_ms, other.last_ms)
+        self.count += other.count
+        self.max_depth = max(self.max_depth, other.max_depth)
+        self.services |= other.services
+
+    def to_json(self) -> list[Any]:
+        return [self.count, self.first_ms, self.last_ms, self.max_depth, sorted(self.services)]
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> KeyActivity:
+        return cls(int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), set(raw[4]))
+
+
+@dataclass(slots=True)
+class PaneAggregate:
+    """Everything a window needs from the accesses of one group in one pane (or several panes,
+    once merged). Exact: counts and the miss latencies themselves, not sketches."""
+
+    requests: int = 0
+    hits: int = 0
+    penetrated: int = 0
+    spikes: int = 0
+    keys: dict[str, int] = field(default_factory=dict)
+    # tier -> [lookups, hits]
+    tiers: dict[str, list[int]] = field(default_factory=dict)
+    layers: dict[str, LayerCounts] = field(default_factory=dict)
+    miss_latencies_ms: list[float] = field(default_factory=list)
+    # Per key detail, only for groups that feed drift clustering.
+    activity: dict[str, KeyActivity] | None = None
+
+    @classmethod
+    def for_group(cls, group: Group) -> PaneAggregate:
+        return cls(activity={} if tracks_drift(group) else None)
+
+    def add(self, access: CacheAccessed, spike_rtt_ms: float = SPIKE_RTT_MS) -> None:
+        self.requests += 1
+        key = access.key
+        self.keys[key] = self.keys.get(key, 0) + 1
+        if access.hit:
+            self.hits += 1
+        else:
+            self.miss_latencies_ms.append(access.latency_ms)
+        if access.tier is not None:
+            tier = self.tiers.setdefault(access.tier, [0, 0])
+            tier[0] += 1
+            tier[1] += access.hit
+        if access.layer is not None:
+            layer = self.layers.get(access.layer)
+            if layer is None:
+                layer = self.layers[access.layer] = LayerCounts()
+            layer.add(access.hit, access.latency_ms)
+        if is_penetration(access):
+            self.penetrated += 1
+        if access.latency_ms > spike_rtt_ms:
+            self.spikes += 1
+        if self.activity is not None:
+            act = self.activity.get(key)
+            if act is None:
+                act = self.activity[key] = KeyActivity()
+            act.add(access.occurred_at_ms, access.call_depth or 0, access.service or access.node_id)
+
+    def merge(self, other: PaneAggregate, activity: bool = True) -> PaneAggregate:
+        """Adds `other` in; `activity=False` leaves the per-key drift detail out (window
+        statistics do not need it)."""
+        self.requests += other.requests
+        self.hits += other.hits
+        self.penetrated += other.penetrated
+        self.spikes += other.spikes
+        keys = self.keys
+        for key, n in other.keys.items():
+            keys[key] = keys.get(key, 0) + n
+        for name, (lookups, hits) in other.tiers.items():
+            tier = self.tiers.setdefault(name, [0, 0])
+            tier[0] += lookups
+            tier[1] += hits
+        for name, counts in other.layers.items():
+            self.layers.setdefault(name, LayerCounts()).merge(counts)
+        self.miss_latencies_ms.extend(other.miss_latencies_ms)
+        if activity and other.activity is not None:
+            if self.activity is None:
+                self.activity = {}
+            for key, act in other.activity.items():
+                mine = self.activity.get(key)
+                if mine is None:
+                    mine = self.activity[key] = KeyActivity()
+                mine.merge(act)
+        return self
+
+    def copy(self) -> PaneAggregate:
+        return PaneAggregate.from_json(self.to_json())
+
+    def to_json(self) -> dict[str, Any]:
+        """A snapshot: nothing in it is shared with the live aggregate."""
+        doc: dict[str, Any] = {
+            "r": self.requests,
+            "h": self.hits,
+            "p": self.penetrated,
+            "s": self.spikes,
+            "k": dict(self.keys),
+            "t": {name: list(counts) for name, counts in self.tiers.items()},
+            "l": {name: c.to_json() for name, c in self.layers.items()},
+            "m": list(self.miss_latencies_ms),
+        }
+        if self.activity is not None:
+            doc["a"] = {key: act.to_json() for key, act in self.activity.items()}
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PaneAggregate:
+        activity = doc.get("a")
+        return cls(
+            requests=int(doc["r"]),
+            hits=int(doc["h"]),
+            penetrated=int(doc["p"]),
+            spikes=int(doc["s"]),
+            keys={str(k): int(v) for k, v in doc["k"].items()},
+            tiers={str(k): [int(v[0]), int(v[1])] for k, v in doc["t"].items()},
+            layers={str(k): LayerCounts.from_json(v) for k, v in doc["l"].items()},
+            miss_latencies_ms=[float(v) for v in doc["m"]],
+            activity=None
+            if activity is None
+            else {str(k): KeyActivity.from_json(v) for k, v in activity.items()},
+        )
+
+
+def merge_all(aggregates: Iterable[PaneAggregate], activity: bool = True) -> PaneAggregate:
+    total = PaneAggregate()
+    for agg in aggregates:
+        total.merge(agg, activity)
+    return total
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def percentile(sorted_values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in (0, 100]) of already sorted values."""
+    if not sorted_values:
+        return None
+    rank = max(1, math.ceil(q / 100.0 * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def window_event_id(spec: WindowSpec, group: Group, start_ms: int) -> str:
+    """Deterministic, so a window re-emitted after a restart is dropped as a duplicate downstream."""
+    raw = f"stream.window_computed|{spec.name}|{group[0]}|{group[1] or ''}|{start_ms}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+def window_computed(spec: WindowSpec, group: Group, start_ms: int, agg: PaneAggregate) -> WindowComputed:
+    """The `WindowComputed` event for one window of one group."""
+    end_ms = start_ms + spec.size_ms
+    misses = sorted(agg.miss_latencies_ms)
+    return WindowComputed(
+        event_id=window_event_id(spec, group, start_ms),
+        occurred_at_ms=end_ms,
+        shard=group[0],
+        model=group[1],
+        window=spec.name,
+        window_start_ms=start_ms,
+        window_end_ms=end_ms,
+        requests=agg.requests,
+        qps=agg.requests * 1000.0 / spec.size_ms,
+        entropy_bits=shannon_entropy_bits(agg.keys.values()),
+        hit_rate=agg.hits / agg.requests if agg.requests else 0.0,
+        hit_rate_by_tier={t: (h / n if n else 0.0) for t, (n, h) in sorted(agg.tiers.items())},
+        penetration_by_layer=penetration_by_layer(agg.layers),
+        added_latency_ms_by_layer=added_latency_by_layer(agg.layers),
+        miss_latency_ms_p50=percentile(misses, 50),
+        miss_latency_ms_p95=percentile(misses, 95),
+        distinct_keys=len(agg.keys),
+        penetrated=agg.penetrated,
+        latency_spikes=agg.spikes,
+        hits=agg.hits,
+    )
