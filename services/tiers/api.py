@@ -143,6 +143,8 @@ class LookupOut(BaseModel):
     similarity: float | None = None
     latency_us: float
     degraded: bool = Field(description="L3 was skipped (circuit breaker open) or failed")
+    remote: bool = Field(default=False, description="tier l2 of another node: its pool served the value")
+    peer: str | None = Field(default=None, description="that node's block server (host:port)")
     descriptor: DescriptorOut | None = None
     value: ValueOut | None = None
     value_omitted: bool = False
@@ -272,6 +274,8 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
         "similarity": result.similarity,
         "latency_us": result.latency_us,
         "degraded": result.degraded,
+        "remote": result.remote,
+        "peer": result.peer,
         "descriptor": None if entry is None else _descriptor_dict(entry.meta),
         "value": _value_dict(entry.blob) if entry is not None and include_value else None,
         "value_omitted": omitted,
@@ -427,6 +431,8 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         if result.entry is None:
             return Response(status_code=404)
         headers = {"X-Cachemesh-Tier": str(result.tier)}
+        if result.peer is not None:
+            headers["X-Cachemesh-Peer"] = result.peer
         return Response(result.entry.blob, media_type=VALUE_MEDIA_TYPE, headers=headers)
 
     @v1.put(
@@ -478,7 +484,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             updated_at_ms=result.updated_at_ms,
         )
 
-    @v1.get("/stats", summary="Tier sizes, hit rates, breaker state, event queues")
+    @v1.get("/stats", summary="Tier sizes, hit rates (remote L2 too), breaker state, event queues")
     async def stats() -> dict[str, Any]:
         report = cache.stats()
         report["embedder"] = embedder.health() if embedder is not None else None
@@ -492,7 +498,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, Any]:
-        return {"healthy": True, "degraded": cache.degraded}
+        return {"healthy": True, "degraded": cache.degraded, "l2_blocks": cache.l2_address}
 
     return app
 

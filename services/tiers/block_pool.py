@@ -312,6 +312,16 @@ class BlockPool:
         self._len[block] = max(int(self._len[block]), offset + n)
         self._last[block] = self.clock()
 
+    def mark_written(self, block: int, offset: int, nbytes: int) -> None:
+        """Record that `nbytes` at `offset` of the block were written from outside (a one-sided RDMA
+        WRITE lands without this process seeing it): the same bookkeeping as `write`."""
+        self._check(block)
+        cap = int(self._cap[block])
+        if offset < 0 or nbytes < 0 or offset + nbytes > cap:
+            raise ValueError(f"{nbytes} bytes at offset {offset} do not fit a {cap} B block")
+        self._len[block] = max(int(self._len[block]), offset + nbytes)
+        self._last[block] = self.clock()
+
     def read(self, block: int) -> Any:
         """A view (no copy) of the block's payload in the pool's array module."""
         self._check(block)

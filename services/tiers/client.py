@@ -43,6 +43,8 @@ class LookupResult:
     similarity: float | None = None
     latency_us: float = 0.0
     degraded: bool = False
+    remote: bool = False  # served from another node's L2 (tier "l2"), the block server at `peer`
+    peer: str | None = None
     value: str | np.ndarray | None = None
     descriptor: dict[str, Any] = field(default_factory=dict)
 
@@ -148,6 +150,8 @@ def parse_lookup(data: Mapping[str, Any]) -> LookupResult:
         similarity=data.get("similarity"),
         latency_us=float(data.get("latency_us", 0.0)),
         degraded=bool(data.get("degraded", False)),
+        remote=bool(data.get("remote", False)),
+        peer=data.get("peer"),
         value=parse_value(data.get("value")),
         descriptor=dict(data.get("descriptor") or {}),
     )

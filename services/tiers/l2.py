@@ -4,12 +4,15 @@ recently used out first when the pool is full.
 Each value spans blocks of `BlockPool` (2 KB blocks, then the smallest tail class). The store holds one
 reference on every block it owns, so the pool's own reclaimer (which only takes unreferenced, Inactive
 blocks) never frees them behind its back; eviction is this store's LRU. Embeddings sit in an exact
-cosine index beside the map, so semantic invalidation reaches L2 too. Pure: no I/O, one owner thread.
+cosine index beside the map, so semantic invalidation reaches L2 too. `locate` is what the node's block
+server answers FIND with, so other nodes can read a value out of this pool (its spans and a crc32 to
+check them against). Pure: no I/O, one owner thread.
 """
 
 from __future__ import annotations
 
 import heapq
+import zlib
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
@@ -18,6 +21,7 @@ import numpy.typing as npt
 
 from services.tiers.block_pool import BlockPool, PoolExhausted
 from services.tiers.entry import Entry, EntryMeta
+from services.tiers.transport import BlockSpan, Located
 from services.tiers.vector_index import ExactCosineIndex, normalize
 
 
@@ -27,6 +31,8 @@ class _Resident:
     nbytes: int
     meta: EntryMeta
     vec_id: int  # row id in the cosine index, -1 without an embedding
+    spans: tuple[BlockSpan, ...]
+    crc32: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +46,7 @@ class L2Stats:
     misses: int
     evictions: dict[str, int]
     device: str
+    served_remote: int  # FINDs from other nodes answered with an entry
 
 
 class L2Store:
@@ -56,6 +63,7 @@ class L2Store:
         self._ttl: list[tuple[int, str, int]] = []
         self._bytes = 0
         self._hits = self._misses = 0
+        self._served_remote = 0
         self._evictions: Counter[str] = Counter()
 
     def __len__(self) -> int:
@@ -85,12 +93,14 @@ class L2Store:
                 self.remove(victim, reason="capacity")
         view = memoryview(entry.blob)
         off = 0
+        spans = []
         for b in blocks:
             cap = self.pool.info(b).capacity
             chunk = view[off : off + cap]
             if len(chunk):
                 self.pool.write(b, chunk)
             self.pool.acquire(b)
+            spans.append(BlockSpan(b, len(chunk)))
             off += len(chunk)
         vec_id = -1
         emb = entry.meta.embedding
@@ -98,7 +108,7 @@ class L2Store:
             vec_id = self._free_vec_ids.pop() if self._free_vec_ids else self._next_vec()
             self._index.add([vec_id], normalize(emb, self.dim))
             self._key_of_vec[vec_id] = key
-        self._entries[key] = _Resident(blocks, n, entry.meta, vec_id)
+        self._entries[key] = _Resident(blocks, n, entry.meta, vec_id, tuple(spans), zlib.crc32(entry.blob))
         self._bytes += n
         expires = entry.meta.expires_at_ms
         if expires is not None:
@@ -160,6 +170,15 @@ class L2Store:
 
     # -- reads -----------------------------------------------------------------------------------
 
+    def locate(self, key: str) -> Located | None:
+        """Where `key`'s value lies in the pool (for another node's FIND); counts as a use."""
+        resident = self._entries.get(key)
+        if resident is None:
+            return None
+        self._entries.move_to_end(key)
+        self._served_remote += 1
+        return Located(resident.meta, resident.spans, resident.nbytes, resident.crc32)
+
     def peek_meta(self, key: str) -> EntryMeta | None:
         resident = self._entries.get(key)
         return None if resident is None else resident.meta
@@ -200,4 +219,5 @@ class L2Store:
             misses=self._misses,
             evictions=dict(self._evictions),
             device="gpu" if pool.xp is not np else "host",
+            served_remote=self._served_remote,
         )

@@ -1,6 +1,7 @@
-"""The tier node's lifecycle: opens the publisher, Postgres (L3), the tiers, the consumers (each node in
-its own consumer groups: every node must see every invalidation, heat decision and command) and the
-HTTP API; runs the loops that send queued events, sweep expiries and drain L3 write-behind."""
+"""The tier node's lifecycle: opens the publisher, Postgres (L3), the tiers, the block server that shares
+its L2 pool with other nodes (read-only) and the clients of theirs, the consumers (each node in its own
+consumer groups: every node must see every invalidation, heat decision and command) and the HTTP API;
+runs the loops that send queued events, sweep expiries and drain L3 write-behind."""
 
 from __future__ import annotations
 
@@ -34,8 +35,11 @@ from services.tiers.l1 import L1Cache, monotonic_ms
 from services.tiers.l2 import L2Store
 from services.tiers.l3_store import PostgresL3Store
 from services.tiers.outbox import Outbox
+from services.tiers.peers import L2Peers
+from services.tiers.rdma import PyverbsExporter, rdma_available
 from services.tiers.settings import TiersSettings
 from services.tiers.tiered import TieredCache
+from services.tiers.transport import RdmaUnavailable, TcpBlockServer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +69,8 @@ class TiersService(Service):
         self.embedder = Embedder(threads=self.settings.embedder_threads)
         self.publisher: EventPublisher | None = None
         self.l3: PostgresL3Store | None = None
+        self.block_server: TcpBlockServer | None = None
+        self.peers: L2Peers | None = None
         self.api_port: int | None = None
         self._api: _ApiServer | None = None
         self._api_sockets: list[socket.socket] = []
@@ -121,6 +127,7 @@ class TiersService(Service):
             l3_candidates=s.l3_candidates,
             max_pending_l3_writes=s.max_pending_l3_writes,
         )
+        await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.
         await self.open_consumer(
             stack,
@@ -145,6 +152,57 @@ class TiersService(Service):
         if s.embedder_preload:
             # The model is a large object graph; freeze it too once it is loaded.
             self.embedder.start_loading().add_done_callback(lambda _: gc.freeze())
+
+    async def _share_l2(self, stack: AsyncExitStack) -> None:
+        """Serve this node's L2 pool to peers (read-only: its blocks belong to the L2 store) and connect
+        to theirs; RDMA next to TCP where `l2_transport` asks for it and a device exists."""
+        assert self.cache is not None
+        s, l2 = self.settings, self.cache.l2
+        own: str | None = None
+        if l2 is not None:
+            exporter = self._rdma_exporter(l2.pool)
+            if exporter is not None:
+                stack.callback(exporter.close)
+            server = TcpBlockServer(
+                l2.pool,
+                s.block_host,
+                s.block_port,
+                directory=l2,
+                writable=False,
+                rdma=exporter,
+            )
+            await server.start()
+            stack.push_async_callback(server.stop)
+            self.block_server = server
+            own = server.address
+            self.cache.l2_address = own
+            log.info("L2 block server listening", extra={"address": own, "rdma": exporter is not None})
+        peers = [p for p in s.l2_peers if p != own]
+        if peers:
+            self.peers = L2Peers(
+                peers,
+                timeout_s=s.l2_peer_timeout_ms / 1000,
+                retry_after_ms=s.l2_peer_retry_ms,
+                transport=s.l2_transport,
+                rdma_device=s.rdma_device,
+                rdma_port=s.rdma_port,
+                rdma_gid_index=s.rdma_gid_index,
+            )
+            stack.push_async_callback(self.peers.close)
+            self.cache.peers = self.peers
+            log.info("reading peers' L2 before L3", extra={"peers": peers, "transport": s.l2_transport})
+
+    def _rdma_exporter(self, pool: BlockPool) -> PyverbsExporter | None:
+        s = self.settings
+        if s.l2_transport == "tcp" or (s.l2_transport == "auto" and not rdma_available()):
+            return None
+        try:
+            return PyverbsExporter(pool, s.rdma_device, port=s.rdma_port, gid_index=s.rdma_gid_index)
+        except RdmaUnavailable as exc:
+            if s.l2_transport == "rdma":
+                raise RdmaUnavailable(f"CACHEMESH_TIERS_L2_TRANSPORT=rdma but {exc}") from exc
+            log.warning("serving L2 over TCP only", extra={"error": str(exc)})
+            return None
 
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.cache is not None
@@ -286,6 +344,12 @@ class TiersService(Service):
                 "auth": self.settings.api_token is not None,
             },
             "embedder": self.embedder.health(),
+            "l2_blocks": {
+                "address": self.block_server.address if self.block_server is not None else None,
+                "rdma": self.block_server is not None and self.block_server.rdma is not None,
+                "connections": self.block_server.connections if self.block_server is not None else 0,
+                "peers": self.peers.addresses if self.peers is not None else [],
+            },
             "tiers": None
             if cache is None
             else {

@@ -1,14 +1,16 @@
-"""Settings of a tier node (env prefix `CACHEMESH_TIERS_`): the API, tier capacities, request bounds,
-and the release-safety knobs (delayed double delete, L3 circuit breaker; DESIGN.md §3, seed §4.4)."""
+"""Settings of a tier node (env prefix `CACHEMESH_TIERS_`): the API, tier capacities, L2 sharing between
+nodes, request bounds, and the release-safety knobs (delayed double delete, L3 circuit breaker; DESIGN.md
+§3, seed §4.4)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.runtime.settings import ServiceSettings
+from services.tiers.peers import parse_peers
 
 
 class TiersSettings(ServiceSettings):
@@ -29,6 +31,24 @@ class TiersSettings(ServiceSettings):
     l2_pages: Annotated[int, Field(ge=0)] = 4096
     # Values above this stay out of L2 (they would take many 2 KB blocks).
     l2_max_value_bytes: Annotated[int, Field(gt=0)] = 256 * 1024
+    # --- L2 shared between nodes (block server + peers) ---------------------------------------
+    # Every node serves its L2 pool (read-only) on this address; 0 picks a free port (tests, several
+    # nodes on one machine); /v1/stats and /healthz report the one in use.
+    block_host: str = "127.0.0.1"
+    block_port: Annotated[int, Field(ge=0, le=65535)] = 8701
+    # Other nodes' block servers, "host:port,host:port": asked on an L1+L2 miss before L3.
+    l2_peers: Annotated[tuple[str, ...], NoDecode] = ()
+    # One exchange with a peer (connect, FIND, READs) gives up after this; the lookup goes on to L3.
+    l2_peer_timeout_ms: Annotated[int, Field(gt=0)] = 100
+    # A peer that failed or timed out is skipped for this long.
+    l2_peer_retry_ms: Annotated[int, Field(gt=0)] = 2_000
+    # How peers' blocks are read: tcp; rdma (pyverbs, one-sided READs; fails to start without a
+    # device); auto (RDMA with peers where both ends have a device, TCP otherwise). The RDMA path has
+    # not yet run on RDMA hardware, hence tcp by default.
+    l2_transport: Literal["tcp", "rdma", "auto"] = "tcp"
+    rdma_device: str | None = None  # default: the first device pyverbs lists
+    rdma_port: Annotated[int, Field(ge=1, le=255)] = 1
+    rdma_gid_index: Annotated[int, Field(ge=0)] = 0
     # Cosine a semantic match must reach when the entry does not say (seed §1.1: 0.92).
     default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
 
@@ -68,3 +88,12 @@ class TiersSettings(ServiceSettings):
     # Load the model in the background right after start (False: on the first text request).
     embedder_preload: bool = True
     embedder_threads: Annotated[int, Field(gt=0)] = 1
+
+    @field_validator("l2_peers", mode="before")
+    @classmethod
+    def _peers(cls, value: object) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, str | list | tuple):
+            return parse_peers(value)
+        raise ValueError("l2_peers is a comma-separated list of host:port")

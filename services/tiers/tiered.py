@@ -2,7 +2,9 @@
 and the rules that tie them together (DESIGN.md §1-§3, seed §1.1, §1.3, §4.4).
 
 - get walks L1 -> L2 -> L3, the exact key before the embedding in each tier (L2 is exact-key only):
-  L1 exact, L1 semantic, L2 exact, L3 exact, L3 semantic; a hit below L1 is promoted into L1 (and L2).
+  L1 exact, L1 semantic, L2 exact, other nodes' L2 exact (the `RemoteL2` port: peers' block pools), L3
+  exact, L3 semantic; a hit below L1 is promoted into L1 (and L2). A remote hit is tier "l2" with
+  `remote` set; a peer that fails or is slow only costs its timeout, and the lookup goes on to L3.
 - put (write-with-sync, seed §1.3): L3 first (the store of record), then L1 and L2; entries on this
   node at least `similarity_tolerance` similar go at once; a `CacheInvalidated` (key, embedding,
   threshold, trace id) is queued for every node, and again `double_delete_delay_ms` later (delayed
@@ -12,7 +14,8 @@ and the rules that tie them together (DESIGN.md §1-§3, seed §1.1, §1.3, §4.
   lookups are served from L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
 - Events from other services: invalidations, heat decisions, tier commands, conversation ends.
 
-No Kafka, no SQL here: L3 is the injected port, events go to the `Outbox`; the clocks are injected.
+No Kafka, no SQL, no sockets here: L3 and the peers are injected ports, events go to the `Outbox`; the
+clocks are injected.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import hashlib
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -59,6 +63,26 @@ class L3Unavailable(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class RemoteHit:
+    entry: Entry
+    peer: str  # the node's block server, host:port
+
+
+class RemoteL2(ABC):
+    """Other nodes' L2 pools, by exact key. Must not raise: a peer that fails or times out is a miss
+    (counted in `stats`)."""
+
+    @abstractmethod
+    async def fetch_many(self, keys: Sequence[str]) -> dict[str, RemoteHit]: ...
+
+    async def fetch(self, key: str) -> RemoteHit | None:
+        return (await self.fetch_many([key])).get(key)
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
 class Lookup:
     entry: Entry | None
     tier: Tier | None = None
@@ -67,6 +91,9 @@ class Lookup:
     latency_us: float = 0.0
     # True when L3 was skipped (breaker open) or failed: the answer came from L1/L2 only.
     degraded: bool = False
+    # The hit came from another node's L2 (tier "l2"), the block server at `peer`.
+    remote: bool = False
+    peer: str | None = None
 
     @property
     def hit(self) -> bool:
@@ -112,6 +139,9 @@ class _Counters:
     context_dropped: int = 0
     l3_errors: int = 0
     l3_written_behind: int = 0
+    remote_hits: int = 0
+    remote_rejected: int = 0  # found on a peer but expired or of another model
+    remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -136,10 +166,14 @@ class TieredCache:
         l3_timeout_s: float = 1.0,
         l3_candidates: int = 4,
         max_pending_l3_writes: int = 10_000,
+        peers: RemoteL2 | None = None,
     ) -> None:
         self.l1 = l1
         self.l2 = l2
         self.l3 = l3
+        self.peers = peers
+        # Where this node serves its L2 pool to peers (host:port), for stats and health; set by the service.
+        self.l2_address: str | None = None
         self.outbox = outbox
         self.breaker = breaker
         self.node_id = node_id
@@ -238,6 +272,36 @@ class TieredCache:
         self._admit(entry, to_l2=False)
         return entry
 
+    async def _remote_entries(self, wanted: Sequence[tuple[str, str | None]]) -> dict[str, RemoteHit]:
+        """Peers' L2 for (key, model) pairs the local tiers missed; hits are promoted here (L1 and L2)."""
+        if self.peers is None or not wanted:
+            return {}
+        try:
+            found = await self.peers.fetch_many(list(dict.fromkeys(k for k, _ in wanted)))
+        except Exception as exc:  # the port promises not to raise; a lookup never fails on a peer
+            self.counters.remote_failures += 1
+            log.warning("peer L2 lookup failed; going on to L3", extra={"error": repr(exc)})
+            return {}
+        out: dict[str, RemoteHit] = {}
+        now = self.wall_ms()
+        for key, model in wanted:
+            hit = found.get(key)
+            if hit is None:
+                continue
+            meta = hit.entry.meta
+            ttl = meta.remaining_ttl_ms(now)
+            if (
+                meta.key != key
+                or (ttl is not None and ttl <= 0)
+                or (model is not None and meta.model != model)
+            ):
+                self.counters.remote_rejected += 1
+                continue
+            if key not in out:
+                self._promote(hit.entry)
+            out[key] = hit
+        return out
+
     # --- L3 through the breaker -----------------------------------------------------------------
 
     async def _l3_call(
@@ -303,6 +367,11 @@ class TieredCache:
                 found = (near.value, "l1", "semantic", near.similarity)
         if found is None and key is not None and (entry := self._l2_entry(key, model)) is not None:
             found = (entry, "l2", "exact", 1.0)
+        peer: str | None = None
+        if found is None and key is not None and self.peers is not None:
+            remote = (await self._remote_entries([(key, model)])).get(key)
+            if remote is not None:
+                found, peer = (remote.entry, "l2", "exact", 1.0), remote.peer
         if found is None and self.l3 is not None:
             l3, now = self.l3, self.wall_ms()
             semantic = vec is not None and l3.semantic
@@ -327,7 +396,7 @@ class TieredCache:
                 self._promote(hit[0])
                 found = (hit[0], "l3", hit[1], hit[2])
         entry, tier, how, sim = found or (None, None, None, None)
-        return self._finish(key, embedding, entry, tier, how, sim, started, degraded, trace_id)
+        return self._finish(key, embedding, entry, tier, how, sim, started, degraded, trace_id, peer)
 
     def _finish(
         self,
@@ -340,6 +409,7 @@ class TieredCache:
         started_ns: int,
         degraded: bool,
         trace_id: str | None,
+        peer: str | None = None,
     ) -> Lookup:
         latency_us = (self.perf_ns() - started_ns) / 1e3
         c = self.counters
@@ -352,7 +422,8 @@ class TieredCache:
                 AccessRecord(record_key, False, latency_us / 1e3, self.wall_ms(), trace_id=trace_id)
             )
             return Lookup(None, latency_us=latency_us, degraded=degraded)
-        c.hits[f"{tier}:{match}"] += 1
+        c.hits[f"{tier}:{match}" + (":remote" if peer is not None else "")] += 1
+        c.remote_hits += peer is not None
         meta = entry.meta
         self.outbox.access(
             AccessRecord(
@@ -369,7 +440,7 @@ class TieredCache:
                 trace_id=trace_id or meta.trace_id,
             )
         )
-        return Lookup(entry, tier, match, sim, latency_us, degraded)
+        return Lookup(entry, tier, match, sim, latency_us, degraded, peer is not None, peer)
 
     async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
         """Batched lookups in the same tier order as `get`: one vectorised L1 probe for the exact keys,
@@ -406,6 +477,15 @@ class TieredCache:
             if entry is not None:
                 found[i] = (entry, "l2", "exact", 1.0)
         missing = [i for i in missing if found[i] is None]
+        peers: dict[int, str] = {}
+        if missing and self.peers is not None:
+            keyed_missing = [(str(queries[i].key), queries[i].model) for i in missing]
+            remote = await self._remote_entries(keyed_missing)
+            for i, (key, model) in zip(missing, keyed_missing, strict=True):
+                got = remote.get(key)
+                if got is not None and (model is None or got.entry.meta.model == model):
+                    found[i], peers[i] = (got.entry, "l2", "exact", 1.0), got.peer
+            missing = [i for i in missing if found[i] is None]
         if missing and self.l3 is not None:
             keys = list({queries[i].key for i in missing})
             ran, rows = await self._l3_call(self.l3.get_many, keys, self.wall_ms())
@@ -440,7 +520,18 @@ class TieredCache:
         for i, q in enumerate(queries):
             entry, tier, match, sim = found[i] or (None, None, None, None)
             out.append(
-                self._finish(q.key, q.embedding, entry, tier, match, sim, started, degraded[i], q.trace_id)
+                self._finish(
+                    q.key,
+                    q.embedding,
+                    entry,
+                    tier,
+                    match,
+                    sim,
+                    started,
+                    degraded[i],
+                    q.trace_id,
+                    peers.get(i),
+                )
             )
         return out
 
@@ -624,6 +715,11 @@ class TieredCache:
                 done += bool(self._admit(local, to_l2=False))
             else:
                 wanted.append(key)
+        if wanted and self.peers is not None:
+            # Promoted into L1 and L2 here as they arrive (a peer's copy is as good as L3's).
+            remote = await self._remote_entries([(k, None) for k in wanted])
+            done += len(remote)
+            wanted = [k for k in wanted if k not in remote]
         if wanted and self.l3 is not None:
             _, rows = await self._l3_call(self.l3.get_many, wanted, self.wall_ms())
             for entry in (rows or {}).values():
@@ -705,6 +801,13 @@ class TieredCache:
                 "errors": c.l3_errors,
                 "pending_writes": len(self._pending),
                 "written_behind": c.l3_written_behind,
+            },
+            "l2_remote": {
+                "serving": self.l2_address,
+                "hits": c.remote_hits,
+                "rejected": c.remote_rejected,
+                "failures": c.remote_failures,
+                **(self.peers.stats() if self.peers is not None else {"peers": []}),
             },
             "outbox": asdict(self.outbox.stats()),
         }

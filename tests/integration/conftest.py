@@ -83,6 +83,7 @@ def node_settings(kafka, namespace, pg_settings) -> Callable[..., TiersSettings]
         base: dict[str, object] = {
             "node_id": f"{node_id}-{namespace}",
             "api_port": 0,
+            "block_port": 0,
             "metrics_port": 0,
             "embedder_preload": False,
             "l1_max_entries": 10_000,

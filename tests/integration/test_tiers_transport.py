@@ -1,8 +1,11 @@
-"""The TCP block transport over real loopback sockets, against a numpy-backed pool."""
+"""The block transport over real loopback sockets, against a numpy-backed pool: the TCP ops, FIND against
+an L2 store on a read-only server, peers that time out, the RDMA handshake through the real server (data
+over the in-memory fabric), and, where a device exists, RDMA with pyverbs end to end."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -10,6 +13,10 @@ import pytest
 
 from services.tiers.block_pool import BlockPool
 from services.tiers.codec import decode, encode
+from services.tiers.entry import Entry, EntryMeta
+from services.tiers.l2 import L2Store
+from services.tiers.peers import L2Peers
+from services.tiers.rdma import PyverbsExporter, RdmaBlockTransport, rdma_available
 from services.tiers.transport import (
     FRAME_HEADER,
     ConnectionClosed,
@@ -19,6 +26,8 @@ from services.tiers.transport import (
     TcpBlockServer,
     decode_frame_header,
 )
+from tests.integration.nodes import until
+from tests.unit.tiers.fakes import MemoryEndpoint, MemoryExporter, MemoryFabric
 
 pytestmark = pytest.mark.integration
 
@@ -133,3 +142,110 @@ async def test_server_stop_closes_clients() -> None:
     with pytest.raises((ConnectionClosed, ConnectionError, OSError)):
         await client.allocate(10)
     await client.close()
+
+
+def kv_entry(key: str, size: int) -> Entry:
+    blob = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    return Entry(EntryMeta(key=key, kind="kv_block", model="m"), blob)
+
+
+async def test_find_and_gather_on_a_read_only_server() -> None:
+    pool = BlockPool(8, xp=np)
+    store = L2Store(pool)
+    entries = [kv_entry(f"k{i}", 100 + 3000 * i) for i in range(5)]
+    for e in entries:
+        store.put(e)
+    async with (
+        TcpBlockServer(pool, directory=store, writable=False) as server,
+        TcpBlockClient("127.0.0.1", server.port) as client,
+    ):
+        found = await client.find_many([e.key for e in entries] + ["absent"])
+        assert found[-1] is None
+        blobs = await client.gather([loc.spans for loc in found[:-1]])  # type: ignore[union-attr]
+        assert blobs == [e.blob for e in entries]
+        with pytest.raises(RemoteError) as exc:
+            await client.write(found[0].spans[0].block_id, b"overwrite")  # type: ignore[union-attr]
+        assert exc.value.status is Status.REFUSED
+        assert server.requests["FIND"] == 6 and server.requests["WRITE"] == 1
+    assert store.get("k0") is not None and store.get("k0").blob == entries[0].blob  # type: ignore[union-attr]
+
+
+async def test_more_requests_than_one_pipeline_chunk() -> None:
+    pool = BlockPool(8, xp=np)
+    store = L2Store(pool)
+    keys = [f"k{i}" for i in range(300)]
+    for k in keys[:200]:
+        store.put(kv_entry(k, 20))
+    async with (
+        TcpBlockServer(pool, directory=store) as server,
+        TcpBlockClient("127.0.0.1", server.port) as client,
+    ):
+        found = await client.find_many(keys)
+        assert sum(f is not None for f in found) == 200
+
+
+async def test_a_peer_that_accepts_but_never_answers_times_out_fast_and_is_skipped() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # swallow requests, answer nothing
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        peers = L2Peers([f"127.0.0.1:{port}"], timeout_s=0.05, retry_after_ms=60_000)
+        started = time.perf_counter()
+        assert await peers.fetch_many(["k"]) == {}
+        assert time.perf_counter() - started < 0.5
+        row = peers.stats()["peers"][0]
+        assert row["timeouts"] == 1 and row["state"] == "backing_off"
+        started = time.perf_counter()
+        assert await peers.fetch("k") is None
+        assert time.perf_counter() - started < 0.01, "a peer backing off costs nothing"
+        assert peers.stats()["peers"][0]["skipped"] == 1
+        await peers.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def test_rdma_handshake_travels_the_real_tcp_channel_and_ends_with_the_connection() -> None:
+    pool = BlockPool(4, xp=np)
+    store = L2Store(pool)
+    entry = kv_entry("k", 5000)
+    store.put(entry)
+    fabric = MemoryFabric()
+    exporter = MemoryExporter(fabric, pool)
+    async with TcpBlockServer(pool, directory=store, writable=False, rdma=exporter) as server:
+        transport = RdmaBlockTransport(TcpBlockClient("127.0.0.1", server.port), MemoryEndpoint(fabric))
+        loc = await transport.find("k")
+        assert loc is not None
+        assert await transport.gather([loc.spans]) == [entry.blob]
+        assert server.requests["HELLO"] == 1 and server.requests["READ"] == 0
+        assert len(fabric.sessions) == 1
+        await transport.close()
+        await until(lambda: not fabric.sessions, timeout_s=5)  # the server tore its queue pair down
+
+
+@pytest.mark.rdma
+@pytest.mark.skipif(not rdma_available(), reason="needs an RDMA device (pyverbs)")
+async def test_rdma_with_pyverbs_reads_and_writes_a_served_pool() -> None:
+    pool = BlockPool(8, xp=np)
+    store = L2Store(pool)
+    entry = kv_entry("kv", 6000)
+    store.put(entry)
+    exporter = PyverbsExporter(pool, writable=True)
+    try:
+        async with TcpBlockServer(pool, directory=store, rdma=exporter) as server:
+            transport = RdmaBlockTransport.over_tcp("127.0.0.1", server.port)
+            try:
+                loc = await transport.find("kv")
+                assert loc is not None
+                assert await transport.gather([loc.spans]) == [entry.blob]
+                block = await transport.allocate(1000)
+                await transport.write(block, b"r" * 1000)
+                assert pool.read_bytes(block) == b"r" * 1000
+                assert await transport.read(block) == b"r" * 1000
+                assert server.requests["READ"] == 0 and server.requests["WRITE"] == 0
+            finally:
+                await transport.close()
+    finally:
+        exporter.close()

@@ -1,15 +1,27 @@
-"""In-memory stand-ins for unit tests of the tiered cache only: an L3 port over dicts (with an injectable
-latency on a fake clock, and failures), and a settable clock. Integration tests use the real Postgres."""
+"""In-memory stand-ins for unit tests: an L3 port over dicts (with an injectable latency on a fake clock,
+and failures), a settable clock, other nodes' L2 as a dict, and an in-memory RDMA fabric (no device
+here). Integration tests use the real Postgres and real sockets."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from services.tiers.block_pool import BlockPool
 from services.tiers.entry import Entry
 from services.tiers.l3_store import L3Rejected, L3Store, SemanticMatch
+from services.tiers.rdma import (
+    QpInfo,
+    RdmaEndpoint,
+    RdmaOp,
+    ServerHello,
+    decode_client_hello,
+    encode_server_hello,
+)
+from services.tiers.tiered import RemoteHit, RemoteL2
 from services.tiers.vector_index import normalize
 
 
@@ -122,3 +134,129 @@ def at_cosine(rng: np.random.Generator, v: np.ndarray, cosine: float) -> np.ndar
     r -= (r @ v) * v
     r /= np.linalg.norm(r)
     return (cosine * v + np.sqrt(1 - cosine**2) * r).astype(np.float32)
+
+
+# --- RDMA without a device: an in-memory fabric with one-sided semantics -------------------------
+
+
+class MemoryFabric:
+    """Queue pair numbers and the sessions exporters opened, shared by both ends of a test."""
+
+    def __init__(self) -> None:
+        self._next_qp = 0x100
+        self.sessions: dict[int, tuple[MemoryExporter, bool]] = {}  # server qp_num -> (exporter, write)
+
+    def new_qp(self) -> int:
+        self._next_qp += 1
+        return self._next_qp
+
+
+class MemoryExporter:
+    """The server side of `RdmaExporter` over a host pool: 'registers' its buffer at a fake address."""
+
+    BASE = 0x7F00_0000_0000
+
+    def __init__(self, fabric: MemoryFabric, pool: BlockPool, *, writable: bool = False) -> None:
+        self.fabric = fabric
+        self.pool = pool
+        self.writable = writable
+        self.rkey = 0xBEEF
+        self.accepted = 0
+
+    def accept(self, hello: bytes) -> tuple[bytes, Callable[[], None]]:
+        client = decode_client_hello(hello)
+        qp_num = self.fabric.new_qp()
+        self.fabric.sessions[qp_num] = (self, client.write)
+        self.accepted += 1
+        answer = ServerHello(
+            QpInfo(bytes(16), qp_num, 42, 1, 5), self.BASE, self.rkey, self.pool.total_bytes, self.writable
+        )
+        return encode_server_hello(answer), lambda: self.fabric.sessions.pop(qp_num, None)
+
+
+class MemoryEndpoint(RdmaEndpoint):
+    """The client side: READ / WRITE copy between its bounce buffer and the exporter's pool buffer
+    without the server's request handler (one-sided), checking rkey, bounds and write permission as
+    an HCA would; `hold` keeps completions back (a peer that never answers)."""
+
+    def __init__(self, fabric: MemoryFabric, *, bounce_bytes: int = 4096, depth: int = 4) -> None:
+        self.fabric = fabric
+        self.bounce_bytes = bounce_bytes
+        self.depth = depth
+        self.buf = bytearray(bounce_bytes)
+        self.qp_num = fabric.new_qp()
+        self.remote: tuple[MemoryExporter, bool] | None = None
+        self.posted: list[RdmaOp] = []
+        self.batches: list[int] = []
+        self.completions: list[tuple[int, str | None]] = []
+        self.hold = False
+        self.resets = 0
+        self.closed = False
+
+    def local(self) -> QpInfo:
+        return QpInfo(bytes(16), self.qp_num, 7, 1, 5)
+
+    def connect(self, remote: QpInfo) -> None:
+        self.remote = self.fabric.sessions[remote.qp_num]
+
+    def post(self, ops: Sequence[RdmaOp], rkey: int) -> None:
+        assert self.remote is not None, "post before connect"
+        assert len(ops) <= self.depth
+        exporter, write_ok = self.remote
+        self.batches.append(len(ops))
+        for op in ops:
+            self.posted.append(op)
+            start = op.remote_addr - exporter.BASE
+            if rkey != exporter.rkey or start < 0 or start + op.length > exporter.pool.total_bytes:
+                self.completions.append((op.wr_id, "remote access error"))
+            elif op.write and not (exporter.writable and write_ok):
+                self.completions.append((op.wr_id, "remote access error"))
+            elif op.write:
+                exporter.pool.buffer[start : start + op.length] = np.frombuffer(
+                    bytes(self.buf[op.local_offset : op.local_offset + op.length]), np.uint8
+                )
+                self.completions.append((op.wr_id, None))
+            else:
+                chunk = exporter.pool.buffer[start : start + op.length].tobytes()
+                self.buf[op.local_offset : op.local_offset + op.length] = chunk
+                self.completions.append((op.wr_id, None))
+
+    def poll(self, max_entries: int) -> list[tuple[int, str | None]]:
+        if self.hold:
+            return []
+        done, self.completions = self.completions[:max_entries], self.completions[max_entries:]
+        return done
+
+    def put(self, offset: int, data: bytes) -> None:
+        self.buf[offset : offset + len(data)] = data
+
+    def get(self, offset: int, nbytes: int) -> bytes:
+        return bytes(self.buf[offset : offset + nbytes])
+
+    def reset(self) -> None:
+        self.resets += 1
+        self.remote = None
+        self.completions = []
+        self.qp_num = self.fabric.new_qp()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakePeers(RemoteL2):
+    """Other nodes' L2 as a dict; `fail` makes the port raise (which it must not, but the cache copes)."""
+
+    def __init__(self, entries: dict[str, Entry] | None = None, *, peer: str = "10.0.0.2:8701") -> None:
+        self.entries = dict(entries or {})
+        self.peer = peer
+        self.asked: list[list[str]] = []
+        self.fail = False
+
+    async def fetch_many(self, keys: Sequence[str]) -> dict[str, RemoteHit]:
+        self.asked.append(list(keys))
+        if self.fail:
+            raise OSError("peer port broke its promise")
+        return {k: RemoteHit(self.entries[k], self.peer) for k in keys if k in self.entries}
+
+    def stats(self) -> dict[str, Any]:
+        return {"peers": [self.peer]}

@@ -1,6 +1,7 @@
-"""The tiered cache's rules on fake ports: the tier walk (key before embedding in each tier) and
-promotion, write-with-sync and the delayed double delete, the invalidation rules on receiving nodes, heat
-decisions, tier commands, conversation ends, and the L3 circuit breaker with write-behind."""
+"""The tiered cache's rules on fake ports: the tier walk (key before embedding in each tier, other
+nodes' L2 between this node's L2 and L3) and promotion, write-with-sync and the delayed double delete,
+the invalidation rules on receiving nodes, heat decisions, tier commands, conversation ends, and the L3
+circuit breaker with write-behind."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from services.tiers.l2 import L2Store
 from services.tiers.l3_store import L3Rejected
 from services.tiers.outbox import Outbox
 from services.tiers.tiered import L3Unavailable, Query, TieredCache
-from tests.unit.tiers.fakes import Clock, MemoryL3, at_cosine, unit
+from tests.unit.tiers.fakes import Clock, FakePeers, MemoryL3, at_cosine, unit
 
 DIM = 16
 RNG = np.random.default_rng(11)
@@ -408,3 +409,81 @@ async def test_data_l3_refuses_is_an_error_not_an_outage() -> None:
     rig.l3.fail = False
     rig.clock.advance(10_000)
     assert await rig.cache.flush_pending() == 1 and rig.cache.pending_l3_writes == 0
+
+
+async def test_a_peers_l2_answers_before_l3_and_the_hit_is_promoted_here() -> None:
+    rig = make()
+    peers = FakePeers({"k": stored("k", "from a peer", rig.clock)})
+    rig.cache.peers = peers
+    rig.l3.rows["k"] = stored("k", "from l3", rig.clock)
+    calls = rig.l3.calls
+    hit = await rig.cache.get("k")
+    assert (hit.tier, hit.match, hit.remote, hit.peer) == ("l2", "exact", True, "10.0.0.2:8701")
+    assert text_of(hit.entry) == "from a peer" and rig.l3.calls == calls, "L3 was not asked"
+    again = await rig.cache.get("k")
+    assert (again.tier, again.remote) == ("l1", False)
+    assert rig.cache.l2 is not None and "k" in rig.cache.l2
+    stats = rig.cache.stats()
+    assert stats["hits_by_tier"]["l2:exact:remote"] == 1 and stats["l2_remote"]["hits"] == 1
+    (access,) = [r for r in rig.cache.outbox.take_access() if r.hit][:1]
+    assert access.tier == "l2"
+    # A miss everywhere near goes on to L3; a semantic-only lookup never asks peers (L2 is exact-key).
+    assert (await rig.cache.get("other")).tier is None and peers.asked[-1] == ["other"]
+    asked = len(peers.asked)
+    await rig.cache.get(embedding=unit(RNG, DIM))
+    assert len(peers.asked) == asked
+
+
+async def test_a_peer_copy_of_another_model_or_expired_is_not_served() -> None:
+    rig = make()
+    rig.cache.peers = FakePeers(
+        {
+            "m2": stored("m2", "other model", rig.clock, model="m2"),
+            "old": stored("old", "expired", rig.clock, ttl_hint_ms=10),
+        }
+    )
+    assert not (await rig.cache.get("m2", model="m")).hit
+    rig.clock.advance(11)
+    assert not (await rig.cache.get("old")).hit
+    assert rig.cache.stats()["l2_remote"]["rejected"] == 2
+    assert "old" not in rig.cache.l1 and "m2" not in rig.cache.l1
+
+
+async def test_a_broken_peer_port_never_fails_a_lookup() -> None:
+    rig = make()
+    peers = FakePeers({"k": stored("k", "peer", rig.clock)})
+    peers.fail = True
+    rig.cache.peers = peers
+    rig.l3.rows["k"] = stored("k", "from l3", rig.clock)
+    hit = await rig.cache.get("k")
+    assert (hit.tier, hit.remote) == ("l3", False)
+    assert rig.cache.stats()["l2_remote"]["failures"] == 1
+
+
+async def test_batched_lookups_and_warmup_ask_peers_once_for_all_local_misses() -> None:
+    rig = make()
+    peers = FakePeers({f"p{i}": stored(f"p{i}", f"peer {i}", rig.clock) for i in range(3)})
+    rig.cache.peers = peers
+    rig.l3.rows["l3-only"] = stored("l3-only", "l3", rig.clock)
+    await rig.cache.put(meta("local"), encode_text("local", model="m"))
+    results = await rig.cache.get_many(
+        [
+            Query(key="p0"),
+            Query(key="local"),
+            Query(key="p1"),
+            Query(key="l3-only"),
+            Query(key="p2", model="x"),
+        ]
+    )
+    assert [(r.tier, r.remote) for r in results] == [
+        ("l2", True),
+        ("l1", False),
+        ("l2", True),
+        ("l3", False),
+        (None, False),
+    ]
+    assert peers.asked == [["p0", "p1", "l3-only", "p2"]]
+    rig.cache._drop_local("l3-only", "test")
+    done = await rig.cache.on_command(WarmupRequested(keys=["p2", "l3-only", "local"], node_id="a"))
+    assert done == 2 and "p2" in rig.cache.l1 and "l3-only" in rig.cache.l1
+    assert peers.asked[-1] == ["p2", "l3-only"], "peers first, L3 for the rest"

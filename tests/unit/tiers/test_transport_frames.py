@@ -1,4 +1,5 @@
-"""The transport's pure parts: frame codec and request handling (no sockets here)."""
+"""The transport's pure parts: frame codec, request handling (FIND, INFO, COMMIT, read-only serving),
+the FIND answer codec, and the framed client ops over the in-process channel (no sockets here)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,27 @@ import struct
 import numpy as np
 import pytest
 
-from services.tiers.block_pool import BlockPool
+from services.tiers.block_pool import BlockPool, BlockState
+from services.tiers.entry import Entry, EntryMeta
+from services.tiers.l2 import L2Store
 from services.tiers.transport import (
     FRAME_HEADER,
     MAGIC,
+    BlockSpan,
     Frame,
     FrameTooLarge,
+    LocalBlockClient,
+    Located,
     Op,
     ProtocolError,
-    RdmaBlockTransport,
-    RdmaUnavailable,
+    RemoteError,
     Status,
+    answer,
     decode_frame_header,
+    decode_located,
     encode_frame,
+    encode_located,
     handle_request,
-    rdma_available,
 )
 
 
@@ -89,19 +96,106 @@ def test_exhausted_pool_says_so() -> None:
     assert call(pool, Op.ALLOCATE, payload=struct.pack("<I", 2048)).status is Status.EXHAUSTED
 
 
-@pytest.mark.skipif(rdma_available(), reason="an RDMA device exists here")
-def test_rdma_without_a_device_fails_clearly() -> None:
-    assert not rdma_available()
-    with pytest.raises(RdmaUnavailable, match=r"pyverbs|RDMA device"):
-        RdmaBlockTransport()
+def stored(store: L2Store, key: str, size: int, **meta: object) -> Entry:
+    blob = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    entry = Entry(EntryMeta(key=key, kind="kv_block", model="m", **meta), blob)  # type: ignore[arg-type]
+    assert store.put(entry)
+    return entry
 
 
-@pytest.mark.rdma
-@pytest.mark.skipif(not rdma_available(), reason="needs an RDMA device (pyverbs)")
-async def test_rdma_transport_opens_the_device() -> None:
-    transport = RdmaBlockTransport()
-    try:
-        with pytest.raises(RdmaUnavailable, match="not implemented"):
-            await transport.read(0)
-    finally:
-        await transport.close()
+def test_find_answers_with_the_spans_and_the_descriptor() -> None:
+    pool = BlockPool(2, xp=np)
+    store = L2Store(pool, dim=4)
+    emb = np.array([1, 0, 0, 0], dtype=np.float32)
+    entry = stored(store, "model:x:1", 3000, embedding=emb, trace_id="t", semantic_tags={"a": "b"})
+    resp = handle_request(pool, Frame(Op.FIND, Status.OK, 9, 0, b"model:x:1"), directory=store)
+    assert resp.status is Status.OK and resp.request_id == 9
+    loc = decode_located(resp.payload)
+    assert loc.nbytes == 3000 and [s.length for s in loc.spans] == [2048, 952]
+    assert b"".join(pool.read_bytes(s.block_id)[: s.length] for s in loc.spans) == entry.blob
+    assert loc.meta.trace_id == "t" and loc.meta.semantic_tags == {"a": "b"}
+    np.testing.assert_array_equal(loc.meta.embedding, emb)
+    assert store.stats().served_remote == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "directory", "status"),
+    [
+        (b"absent", True, Status.NOT_FOUND),
+        (b"", True, Status.BAD_REQUEST),
+        (b"\xff\xfe", True, Status.BAD_REQUEST),
+        (b"k" * 513, True, Status.BAD_REQUEST),
+        (b"k", False, Status.UNSUPPORTED),
+    ],
+)
+def test_find_errors(payload: bytes, directory: bool, status: Status) -> None:
+    pool = BlockPool(1, xp=np)
+    store = L2Store(pool) if directory else None
+    resp = handle_request(pool, Frame(Op.FIND, Status.OK, 1, 0, payload), directory=store)
+    assert resp.status is status and resp.payload
+
+
+def test_located_round_trip_and_malformed_answers() -> None:
+    meta = EntryMeta(key="k", kind="prompt", model="m", ttl_hint_ms=5, context_dependency_ids=("c",))
+    loc = Located(meta, (BlockSpan(3, 2048), BlockSpan(11, 5)), 2053, 0xABCDEF)
+    raw = encode_located(loc)
+    assert decode_located(raw) == loc
+    for bad, why in [
+        (raw[:10], "shorter than its header"),
+        (raw[:-3], "shorter than it claims"),
+        (struct.pack("<IIII", 2054, 0, 2, 0) + raw[16:], "spans hold"),
+        (struct.pack("<IIII", 1, 0, 100_000, 0), "claims"),
+        (raw + b"\x00", "float32"),
+        (raw.replace(b'"prompt"', b'"banana"'), "malformed"),
+    ]:
+        with pytest.raises(ProtocolError, match=why):
+            decode_located(bad)
+
+
+def test_info_and_commit() -> None:
+    pool = BlockPool(1, xp=np)
+    block = call(pool, Op.ALLOCATE, payload=struct.pack("<I", 100)).block_id
+    info = call(pool, Op.INFO, block)
+    assert struct.unpack("<IIBxxxi", info.payload) == (256, 100, BlockState.ALLOCATED, 0)
+    assert call(pool, Op.COMMIT, block, struct.pack("<II", 0, 200)).status is Status.OK
+    assert pool.info(block).length == 200
+    assert call(pool, Op.COMMIT, block, struct.pack("<II", 100, 200)).status is Status.BAD_REQUEST
+    assert call(pool, Op.COMMIT, block, b"\x00").status is Status.BAD_REQUEST
+    assert call(pool, Op.INFO, block + 1).status is Status.BLOCK_STATE
+
+
+@pytest.mark.parametrize("op", [Op.WRITE, Op.ALLOCATE, Op.FREE, Op.ACQUIRE, Op.RELEASE, Op.COMMIT])
+def test_a_read_only_server_refuses_every_change(op: Op) -> None:
+    pool = BlockPool(1, xp=np)
+    store = L2Store(pool)
+    stored(store, "k", 10)
+    resp = handle_request(pool, Frame(op, Status.OK, 1, 0, b"xx"), directory=store, writable=False)
+    assert resp.status is Status.REFUSED and b"read-only" in resp.payload
+    assert handle_request(pool, Frame(Op.READ, Status.OK, 1, 0), writable=False).status is Status.OK
+    assert store.get("k") is not None
+
+
+def test_hello_without_rdma_is_unsupported() -> None:
+    pool = BlockPool(1, xp=np)
+    resp = answer(pool, Frame(Op.HELLO, Status.OK, 3, 0, b"hi"), sessions=[])
+    assert resp.status is Status.UNSUPPORTED and b"TCP" in resp.payload
+    assert handle_request(pool, Frame(Op.HELLO, Status.OK, 3, 0)).status is Status.UNSUPPORTED
+
+
+async def test_framed_client_ops_over_the_in_process_channel() -> None:
+    pool = BlockPool(2, xp=np)
+    store = L2Store(pool)
+    a, b = stored(store, "a", 5000), stored(store, "b", 10)
+    client = LocalBlockClient(pool, directory=store, writable=False)
+    found = await client.find_many(["a", "nope", "b"])
+    assert found[1] is None and found[0] is not None and found[2] is not None
+    assert await client.gather([found[0].spans, found[2].spans]) == [a.blob, b.blob]
+    extents = await client.extents([s.block_id for s in found[0].spans])
+    assert [e.length for e in extents] == [2048, 2048, 904]
+    # Blocks freed between FIND and READ come back as None (the reader counts it stale), not an error.
+    store.remove("a")
+    assert await client.gather([found[0].spans, found[2].spans]) == [None, b.blob]
+    with pytest.raises(RemoteError) as err:
+        await client.allocate(10)
+    assert err.value.status is Status.REFUSED
+    assert client.requests["FIND"] == 3
