@@ -20,10 +20,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from infra.paths import shared_data_dir
 from services.heat.replay import ReplayResult
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "traces"
+DATA = shared_data_dir() / "traces"
 OUT = ROOT / "bench" / "results"
 POLICIES = ["lru", "lfu", "lru2", "arc", "wtinylfu", "heat", "opt"]
 CLASSIC = ["lru", "lfu", "arc", "wtinylfu"]  # the policies the AI-native one must match

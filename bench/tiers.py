@@ -48,7 +48,7 @@ import numpy as np
 from pydantic import SecretStr
 
 from infra.brokers import TansuBroker
-from infra.paths import cache_dir, free_port
+from infra.paths import cache_dir, free_port, shared_data_dir
 from infra.postgres import EmbeddedPostgres
 from infra.process import ServerProcess
 from infra.topics import ensure_topics
@@ -66,7 +66,7 @@ from services.tiers.tiered import Query, TieredCache
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
-GPTCACHE_PAIRS = REPO.parent / "shared" / "data" / "semantic" / "gptcache_mock_pairs.json"
+GPTCACHE_PAIRS = shared_data_dir() / "semantic" / "gptcache_mock_pairs.json"
 DIM = 384
 MODEL = "bench"
 TARGETS = {"l1_exact_p50_us": 5.0, "http_p99_ms": 5.0, "batched_per_s": 41_700}

@@ -30,3 +30,21 @@ def free_port(host: str = LOOPBACK) -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+SHARED_DATA_ENV = "CACHEMESH_SHARED_DATA"
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir(env: Mapping[str, str] = os.environ) -> Path:
+    """The public traces and paraphrase pairs (read in place, never copied in): `$CACHEMESH_SHARED_DATA`,
+    else `../shared/data` beside the checkout, else `/work/shared/data` (where a clone made elsewhere,
+    such as CI's temporary one, still finds it on these machines)."""
+    configured = env.get(SHARED_DATA_ENV)
+    candidates = [Path(configured)] if configured else []
+    candidates += [_REPO_ROOT.parent / "shared" / "data", Path("/work/shared/data")]
+    for candidate in candidates:
+        if (candidate / "traces").is_dir():
+            return candidate
+    tried = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"shared evaluation data not found (tried {tried}); set {SHARED_DATA_ENV}")

@@ -29,12 +29,15 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.paths import shared_data_dir
 from schemas.events import CacheAccessed, Event, KvBlockStored
 from streams.penetration import LruK, model_layer_key, sequence_bucket_label
 
-DEFAULT_TRACE = (
-    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "traces" / "mooncake_synthetic.jsonl"
-)
+
+def default_trace() -> Path:
+    return shared_data_dir() / "traces" / "mooncake_synthetic.jsonl"
+
+
 DEFAULT_BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 BLOCK_TOKENS = 512
 DEFAULT_SERVICES: tuple[str, ...] = tuple(f"svc-{n}" for n in range(8))
@@ -48,10 +51,10 @@ class MooncakeRequest:
     hash_ids: tuple[int, ...]
 
 
-def read_mooncake(path: Path = DEFAULT_TRACE, *, until_ms: int | None = None) -> list[MooncakeRequest]:
+def read_mooncake(path: Path | None = None, *, until_ms: int | None = None) -> list[MooncakeRequest]:
     """The trace's requests in order; with `until_ms`, only those before that trace time."""
     out: list[MooncakeRequest] = []
-    with path.open() as fh:
+    with (path or default_trace()).open() as fh:
         for line in fh:
             if not line.strip():
                 continue
@@ -229,7 +232,7 @@ class MooncakeReplay:
 
 
 def mooncake_events(
-    path: Path = DEFAULT_TRACE, *, until_ms: int | None = None, config: ReplayConfig | None = None
+    path: Path | None = None, *, until_ms: int | None = None, config: ReplayConfig | None = None
 ) -> list[Event]:
     """The whole replay, in time order (KV stores land after the request that caused them)."""
     events = MooncakeReplay(config).events(read_mooncake(path, until_ms=until_ms))
@@ -353,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m streams.generator", description="Replay the Mooncake trace as cache events."
     )
-    parser.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
+    parser.add_argument("--trace", type=Path, default=None, help="default: the shared Mooncake trace")
     parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: $KAFKA_BOOTSTRAP)")
     parser.add_argument("--namespace", default=None, help="topic prefix (default: $KAFKA_TOPIC_NAMESPACE)")
     parser.add_argument("--until-s", type=float, default=None, help="only the first N seconds of the trace")

@@ -34,7 +34,6 @@ from schemas.topics import qualified
 from schemas.wire import decode
 from streams.generator import (
     DEFAULT_BASE_MS,
-    DEFAULT_TRACE,
     merge_by_time,
     migration_events,
     mooncake_events,
@@ -46,7 +45,6 @@ from streams.offline import compare_windows, offline_drift, offline_windows
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(300),
-    pytest.mark.skipif(not DEFAULT_TRACE.exists(), reason="shared trace data not present"),
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import pytest
-
 from schemas.events import CacheAccessed, KvBlockStored
 from streams.generator import (
-    DEFAULT_TRACE,
     MooncakeReplay,
     MooncakeRequest,
     ReplayConfig,
@@ -50,7 +47,6 @@ def test_the_cascade_goes_down_a_layer_only_on_a_miss() -> None:
     ]
 
 
-@pytest.mark.skipif(not DEFAULT_TRACE.exists(), reason="shared trace data not present")
 def test_the_replay_is_deterministic_and_in_time_order() -> None:
     a = mooncake_events(until_ms=20_000)
     b = mooncake_events(until_ms=20_000)
