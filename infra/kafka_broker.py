@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infra.kafka_probe import broker_count
 from infra.paths import LOOPBACK, cache_dir, free_port
-from infra.process import InfraError, ManagedServer, ServerProcess, make_temp_dir
+from infra.process import InfraError, ManagedServer, ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,7 @@ class ApacheKafkaBroker(ManagedServer):
     """
 
     name = "kafka"
+    temp_prefix = "cachemesh-kafka-"
 
     def __init__(
         self,
@@ -162,35 +163,17 @@ class ApacheKafkaBroker(ManagedServer):
         keep_data: bool = False,
         start_timeout_s: float = 90.0,
     ) -> None:
-        super().__init__()
+        super().__init__(port, data_dir, keep_data=keep_data)
         self.version = version
         self.heap_mb = heap_mb
         self.start_timeout_s = start_timeout_s
         self.fetch_seconds = 0.0
-        self._port = port
         self._controller_port = controller_port
-        self._given_dir = Path(data_dir).resolve() if data_dir is not None else None
-        self._temp_dir: Path | None = None
-        self._keep_data = keep_data
         self._cds_dump: Path | None = None
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            self._port = free_port()
-        return self._port
 
     @property
     def bootstrap(self) -> str:
         return f"{LOOPBACK}:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        if self._given_dir is not None:
-            return self._given_dir
-        if self._temp_dir is None:
-            self._temp_dir = make_temp_dir("cachemesh-kafka-", keep=self._keep_data)
-        return self._temp_dir
 
     def __repr__(self) -> str:
         return f"ApacheKafkaBroker(version={self.version!r}, bootstrap={self.bootstrap!r})"
@@ -287,8 +270,3 @@ class ApacheKafkaBroker(ManagedServer):
 
     def _probe(self) -> bool:
         return broker_count(self.bootstrap, timeout_s=1.0) >= 1
-
-    def _remove_own_data(self) -> None:
-        if self._temp_dir is not None and not self._keep_data:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
-            self._temp_dir = None

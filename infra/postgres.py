@@ -19,8 +19,8 @@ from typing import Protocol, Self, TypeVar, runtime_checkable
 
 import asyncpg
 
-from infra.paths import LOOPBACK, free_port
-from infra.process import InfraError, ManagedServer, ServerProcess, make_temp_dir
+from infra.paths import LOOPBACK
+from infra.process import InfraError, ManagedServer, ServerProcess
 from services.runtime.postgres import redact_dsn
 
 __all__ = ["EmbeddedPostgres", "ExternalPostgres", "Postgres", "postgres_from_env", "redact_dsn"]
@@ -166,6 +166,7 @@ class EmbeddedPostgres(ManagedServer):
     """
 
     name = "postgres"
+    temp_prefix = "cachemesh-pg-"  # data_dir holds `pgdata/` (the cluster) and `postgres.log`
 
     def __init__(
         self,
@@ -179,36 +180,17 @@ class EmbeddedPostgres(ManagedServer):
         max_connections: int = 200,
         start_timeout_s: float = 60.0,
     ) -> None:
-        super().__init__()
+        super().__init__(port, data_dir, keep_data=keep_data)
         self.user = user
         self.database = database
         self.durable = durable
         self.max_connections = max_connections
         self.start_timeout_s = start_timeout_s
-        self._port = port
-        self._given_dir = Path(data_dir).resolve() if data_dir is not None else None
-        self._temp_dir: Path | None = None
-        self._keep_data = keep_data
         self._os_user: str | None = None
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            self._port = free_port()
-        return self._port
 
     @property
     def dsn(self) -> str:
         return f"postgresql://{self.user}@{LOOPBACK}:{self.port}/{self.database}"
-
-    @property
-    def data_dir(self) -> Path:
-        """Holds `pgdata/` (the cluster) and `postgres.log`."""
-        if self._given_dir is not None:
-            return self._given_dir
-        if self._temp_dir is None:
-            self._temp_dir = make_temp_dir("cachemesh-pg-", keep=self._keep_data)
-        return self._temp_dir
 
     def __repr__(self) -> str:
         return f"EmbeddedPostgres(dsn={self.dsn!r})"
@@ -310,11 +292,6 @@ class EmbeddedPostgres(ManagedServer):
                 await conn.execute(f"CREATE DATABASE {quoted}")
         finally:
             await conn.close()
-
-    def _remove_own_data(self) -> None:
-        if self._temp_dir is not None and not self._keep_data:
-            shutil.rmtree(self._temp_dir, ignore_errors=True)
-            self._temp_dir = None
 
 
 class ExternalPostgres:

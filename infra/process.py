@@ -22,6 +22,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from infra.paths import free_port
+
 _PR_SET_PDEATHSIG = 1
 # Loaded in the parent: the forked child must not do anything as involved as dlopen before exec.
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
@@ -199,17 +201,45 @@ class ServerProcess:
 class ManagedServer(abc.ABC):
     """Idempotent start/stop, restart on the same port and data, stop at interpreter exit, context manager.
 
-    Subclasses say how to prepare (untimed: downloads), launch, probe readiness and clean up.
+    A server listens on `port` (a free one, picked once, unless given) and keeps its files in `data_dir`
+    (a temp dir named after `temp_prefix`, removed by `stop()` unless `keep_data`; a folder you pass is
+    never removed). Subclasses say how to prepare (untimed: downloads), launch and probe readiness.
     """
 
     name: str
+    temp_prefix: str = "cachemesh-"
     start_timeout_s: float = 60.0
     stop_timeout_s: float = 30.0
 
-    def __init__(self) -> None:
+    def __init__(
+        self, port: int | None = None, data_dir: Path | str | None = None, *, keep_data: bool = False
+    ) -> None:
         self._proc: ServerProcess | None = None
         self._start_seconds = 0.0
         self._lock = threading.RLock()
+        self._port = port
+        self._given_dir = Path(data_dir).resolve() if data_dir is not None else None
+        self._temp_dir: Path | None = None
+        self._keep_data = keep_data
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            self._port = free_port()
+        return self._port
+
+    @property
+    def data_dir(self) -> Path:
+        if self._given_dir is not None:
+            return self._given_dir
+        if self._temp_dir is None:
+            self._temp_dir = make_temp_dir(self.temp_prefix, keep=self._keep_data)
+        return self._temp_dir
+
+    def _remove_own_data(self) -> None:
+        if self._temp_dir is not None and not self._keep_data:
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+            self._temp_dir = None
 
     @property
     def start_seconds(self) -> float:
@@ -289,9 +319,6 @@ class ManagedServer(abc.ABC):
     @abc.abstractmethod
     def _probe(self) -> bool:
         """One readiness check: True when a real request succeeded; False or an OSError when not yet."""
-
-    @abc.abstractmethod
-    def _remove_own_data(self) -> None: ...
 
     def _wait_ready(self, proc: ServerProcess, deadline: float) -> None:
         last_error: BaseException | None = None

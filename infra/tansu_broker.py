@@ -7,12 +7,10 @@ no CreatePartitions. Tests that need those run on Apache Kafka.
 from __future__ import annotations
 
 import os
-import shutil
-from pathlib import Path
 
 from infra.kafka_probe import broker_count
-from infra.paths import LOOPBACK, free_port
-from infra.process import InfraError, ManagedServer, ServerProcess, make_temp_dir
+from infra.paths import LOOPBACK
+from infra.process import InfraError, ManagedServer, ServerProcess
 
 
 def tansu_executable() -> str:
@@ -41,19 +39,12 @@ class TansuBroker(ManagedServer):
     """
 
     name = "tansu"
+    temp_prefix = "cachemesh-tansu-"  # logs only: tansu keeps its data in memory
 
     def __init__(self, port: int | None = None, *, start_timeout_s: float = 20.0) -> None:
-        super().__init__()
+        super().__init__(port)
         self.start_timeout_s = start_timeout_s
         self.stop_timeout_s = 10.0
-        self._port = port
-        self._log_dir: Path | None = None
-
-    @property
-    def port(self) -> int:
-        if self._port is None:
-            self._port = free_port()
-        return self._port
 
     @property
     def bootstrap(self) -> str:
@@ -66,8 +57,6 @@ class TansuBroker(ManagedServer):
         self._binary = tansu_executable()
 
     def _launch(self, deadline: float) -> ServerProcess:
-        if self._log_dir is None:
-            self._log_dir = make_temp_dir("cachemesh-tansu-")
         url = f"tcp://{LOOPBACK}:{self.port}"
         # tansu also reads these settings from the environment; drop them so a stray export cannot
         # move the listener or turn on OTLP export.
@@ -83,15 +72,10 @@ class TansuBroker(ManagedServer):
                 "--advertised-listener-url", url,
                 "--storage-engine", "memory://tansu/",
             ],
-            log_path=self._log_dir / "tansu.log",
+            log_path=self.data_dir / "tansu.log",
             env=env,
-            cwd=self._log_dir,
+            cwd=self.data_dir,
         )  # fmt: skip
 
     def _probe(self) -> bool:
         return broker_count(self.bootstrap, timeout_s=1.0) >= 1
-
-    def _remove_own_data(self) -> None:
-        if self._log_dir is not None:
-            shutil.rmtree(self._log_dir, ignore_errors=True)
-            self._log_dir = None

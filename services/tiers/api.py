@@ -248,22 +248,6 @@ def _value_dict(blob: bytes) -> dict[str, Any]:
     }
 
 
-def _descriptor_dict(meta: EntryMeta) -> dict[str, Any]:
-    return {
-        "key": meta.key,
-        "kind": meta.kind,
-        "model": meta.model,
-        "similarity_tolerance": meta.similarity_tolerance,
-        "ttl_hint_ms": meta.ttl_hint_ms,
-        "trace_id": meta.trace_id,
-        "context_dependency_ids": list(meta.context_dependency_ids),
-        "semantic_tags": dict(meta.semantic_tags),
-        "created_at_ms": meta.created_at_ms,
-        "updated_at_ms": meta.updated_at_ms,
-        "size_bytes": meta.size_bytes,
-    }
-
-
 def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> dict[str, Any]:
     entry = result.entry
     return {
@@ -276,7 +260,7 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
         "degraded": result.degraded,
         "remote": result.remote,
         "peer": result.peer,
-        "descriptor": None if entry is None else _descriptor_dict(entry.meta),
+        "descriptor": None if entry is None else entry.meta.as_dict(),
         "value": _value_dict(entry.blob) if entry is not None and include_value else None,
         "value_omitted": omitted,
     }

@@ -45,6 +45,22 @@ class EntryMeta:
         expires = self.expires_at_ms
         return None if expires is None else expires - now_ms
 
+    def as_dict(self) -> dict[str, Any]:
+        """The descriptor facts as plain JSON-able data (the embedding travels separately)."""
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "model": self.model,
+            "similarity_tolerance": self.similarity_tolerance,
+            "ttl_hint_ms": self.ttl_hint_ms,
+            "trace_id": self.trace_id,
+            "context_dependency_ids": list(self.context_dependency_ids),
+            "semantic_tags": dict(self.semantic_tags),
+            "created_at_ms": self.created_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+            "size_bytes": self.size_bytes,
+        }
+
     def bound_to(self) -> set[str]:
         """Trace ids (conversations) whose end takes this entry with it."""
         bound = set(self.context_dependency_ids)

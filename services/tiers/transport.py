@@ -180,24 +180,8 @@ class KeyDirectory(Protocol):
     def locate(self, key: str) -> Located | None: ...
 
 
-def _descriptor(meta: EntryMeta) -> dict[str, Any]:
-    return {
-        "key": meta.key,
-        "kind": meta.kind,
-        "model": meta.model,
-        "similarity_tolerance": meta.similarity_tolerance,
-        "ttl_hint_ms": meta.ttl_hint_ms,
-        "trace_id": meta.trace_id,
-        "context_dependency_ids": list(meta.context_dependency_ids),
-        "semantic_tags": dict(meta.semantic_tags),
-        "created_at_ms": meta.created_at_ms,
-        "updated_at_ms": meta.updated_at_ms,
-        "size_bytes": meta.size_bytes,
-    }
-
-
 def encode_located(loc: Located) -> bytes:
-    meta = json.dumps(_descriptor(loc.meta), separators=(",", ":")).encode()
+    meta = json.dumps(loc.meta.as_dict(), separators=(",", ":")).encode()
     emb = b"" if loc.meta.embedding is None else np.asarray(loc.meta.embedding, dtype="<f4").tobytes()
     spans = b"".join(_SPAN.pack(s.block_id, s.length) for s in loc.spans)
     return _LOCATED.pack(loc.nbytes, loc.crc32, len(loc.spans), len(meta)) + spans + meta + emb
