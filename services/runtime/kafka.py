@@ -256,6 +256,7 @@ class EventConsumer:
             session_timeout_ms=self._settings.session_timeout_ms,
             heartbeat_interval_ms=self._settings.heartbeat_interval_ms,
             request_timeout_ms=self._settings.request_timeout_ms,
+            fetch_max_wait_ms=self._settings.fetch_max_wait_ms,
             max_partition_fetch_bytes=max(
                 1024 * 1024, self._settings.max_event_bytes + _RECORD_OVERHEAD_BYTES
             ),

@@ -29,6 +29,8 @@ class KafkaSettings(BaseSettings):
     dedupe_window: Annotated[int, Field(ge=0)] = 100_000
     max_poll_records: Annotated[int, Field(gt=0)] = 500
     poll_timeout_ms: Annotated[int, Field(gt=0)] = 200
+    # How long the broker may hold a fetch waiting for data: bounds the latency of a quiet partition.
+    fetch_max_wait_ms: Annotated[int, Field(gt=0)] = 100
     # Attempts for a handler that raises a non-transient error before the event is dead-lettered.
     handler_max_attempts: Annotated[int, Field(gt=0)] = 3
     # Producer batching: a request never waits on Kafka; linger lets events share a batch.
