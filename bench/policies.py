@@ -2,8 +2,9 @@
 
 LIRS traces run at 10 / 25 / 50% of their distinct keys; Mooncake at 5,000 / 10,000 / 20,000 blocks
 (the reference replay's capacities) with prefix hits. Prints one table per trace, the AI-native
-policy against the best classic policy (LRU, LFU, ARC, W-TinyLFU) and its gap to Belady, and replay
-throughput per policy; writes bench/results/policies.{csv,md} and a plot per trace.
+policy against the best classic policy (LRU, LFU, ARC, W-TinyLFU; LIRS, one of its experts, is shown
+but not in that comparison) and its gap to Belady, and replay throughput per policy; writes
+bench/results/policies.{csv,md} and a plot per trace.
 
     .venv/bin/python -m bench.policies [--jobs 2] [--policy heat ...] [--trace cs ...]
 """
@@ -26,7 +27,7 @@ from services.heat.replay import ReplayResult
 ROOT = Path(__file__).resolve().parents[1]
 DATA = shared_data_dir() / "traces"
 OUT = ROOT / "bench" / "results"
-POLICIES = ["lru", "lfu", "lru2", "arc", "wtinylfu", "heat", "opt"]
+POLICIES = ["lru", "lfu", "lru2", "arc", "wtinylfu", "lirs", "heat", "opt"]
 CLASSIC = ["lru", "lfu", "arc", "wtinylfu"]  # the policies the AI-native one must match
 LIRS_FRACTIONS = (0.10, 0.25, 0.50)
 MOONCAKE_CAPACITIES = (5_000, 10_000, 20_000)

@@ -100,6 +100,14 @@ class EntryTable:
             float(self.neighbour[s]),
         )
 
+    def recency_frequency(self, idx: np.ndarray, now_tick: int, resets: int = 0) -> np.ndarray:
+        """Just the `recency` and `frequency` columns of `features` (what the fixed prior reads)."""
+        out = np.empty((len(idx), 2), dtype=np.float32)
+        age = np.maximum(now_tick - self.last_tick[idx], 0)
+        out[:, 0] = np.minimum(np.log1p(age) / self.time_scale, 1.0)
+        out[:, 1] = self.freq[idx] / 16.0 / np.exp2(resets - self.freq_epoch[idx])
+        return out
+
     def features(
         self, idx: np.ndarray, now_tick: int, now_ms: int, alive: np.ndarray, resets: int = 0
     ) -> np.ndarray:

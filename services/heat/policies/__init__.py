@@ -9,12 +9,13 @@ import numpy as np
 from services.heat.policies.arc import ARC
 from services.heat.policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from services.heat.policies.lfu import LFU
+from services.heat.policies.lirs import LIRS
 from services.heat.policies.lru import LRU
 from services.heat.policies.lru_k import LRUK
 from services.heat.policies.opt import Belady
 from services.heat.policies.tinylfu import WTinyLFU
 
-CLASSIC = ("lru", "lfu", "lru2", "arc", "wtinylfu")
+CLASSIC = ("lru", "lfu", "lru2", "arc", "wtinylfu", "lirs")
 AI = ("heat",)
 OFFLINE = ("opt",)
 ALL = (*CLASSIC, *AI, *OFFLINE)
@@ -38,6 +39,8 @@ def make_policy(
         return ARC(capacity)
     if name == "wtinylfu":
         return WTinyLFU(capacity, seed=seed)
+    if name == "lirs":
+        return LIRS(capacity)
     if name == "heat":
         # Imported here: the heat policy pulls in torch, which the classic policies do not need.
         from services.heat.policies.heat import HeatPolicy
@@ -56,6 +59,7 @@ __all__ = [
     "ARC",
     "CLASSIC",
     "LFU",
+    "LIRS",
     "LRU",
     "LRUK",
     "OFFLINE",

@@ -52,6 +52,10 @@ class FrequencySketch:
         # The doorkeeper is a Bloom filter (2 probes, ~8 slots per sample) in front of the sketch.
         self._door_bits = _next_pow2(8 * self.sample_size) if doorkeeper else 0
         self._door = bytearray(self._door_bits)
+        # Counter and doorkeeper positions of recently seen keys: hashing dominates the cost of a
+        # lookup, and a cache asks about the same few keys again and again. Cleared when full.
+        self._positions: dict[Hashable, tuple[int, int, int, int, int, int]] = {}
+        self._positions_max = max(1024, 2 * capacity)
 
     def _rows(self, h: int) -> tuple[int, int, int, int]:
         m, w = self._mask, self.width
@@ -65,21 +69,28 @@ class FrequencySketch:
         g = (h * 0x9E3779B97F4A7C15) & _M64  # decorrelate from the row slices
         return (g >> 40) & m, (g >> 13) & m
 
+    def _positions_of(self, key: Hashable) -> tuple[int, int, int, int, int, int]:
+        pos = self._positions.get(key)
+        if pos is None:
+            h = stable_hash(key, self.seed)
+            x, y = self._door_slots(h) if self._door_bits else (0, 0)
+            pos = (*self._rows(h), x, y)
+            if len(self._positions) >= self._positions_max:
+                self._positions.clear()
+            self._positions[key] = pos
+        return pos
+
     def frequency(self, key: Hashable) -> int:
-        h = stable_hash(key, self.seed)
+        a, b, c, d, x, y = self._positions_of(key)
         t = self._table
-        a, b, c, d = self._rows(h)
         f = min(t[a], t[b], t[c], t[d])
-        if self._door_bits:
-            x, y = self._door_slots(h)
-            if self._door[x] and self._door[y]:
-                f += 1
+        if self._door_bits and self._door[x] and self._door[y]:
+            f += 1
         return f
 
     def increment(self, key: Hashable) -> None:
-        h = stable_hash(key, self.seed)
+        a, b, c, d, x, y = self._positions_of(key)
         if self._door_bits:
-            x, y = self._door_slots(h)
             door = self._door
             if not (door[x] and door[y]):
                 # First sighting since the last reset: only the doorkeeper remembers it.
@@ -87,7 +98,7 @@ class FrequencySketch:
                 self._tick()
                 return
         t = self._table
-        for i in self._rows(h):
+        for i in (a, b, c, d):
             if t[i] < 15:
                 t[i] += 1
         self._tick()

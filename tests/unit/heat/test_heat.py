@@ -8,12 +8,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.heat.policies import AccessMeta, Belady
+from services.heat.policies import LRU, AccessMeta, Belady, Eviction
+from services.heat.policies import panel as panel_module
 from services.heat.policies.heat import HeatPolicy
 
 
 def small(**kw: object) -> HeatPolicy:
-    kw.setdefault("window_tuning", "fixed")
     return HeatPolicy(**kw)  # type: ignore[arg-type]
 
 
@@ -186,3 +186,91 @@ def test_trained_model_still_keeps_the_contract(seq: list[int], capacity: int) -
         assert len(policy) <= capacity
         assert all(e.key not in policy for e in evicted)
     assert hits <= opt_hits
+
+
+# -- following the expert panel ------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seq=st.lists(st.integers(0, 20), min_size=1, max_size=200), capacity=st.integers(1, 8))
+def test_a_one_expert_panel_is_that_expert(seq: list[int], capacity: int) -> None:
+    """The resident set follows the leader exactly: alone, LRU decides every hit and eviction."""
+    policy = HeatPolicy(capacity, experts=("lru",))
+    lru = LRU(capacity)
+    for t, key in enumerate(seq):
+        hit, evicted = policy.access(key, t)
+        lru_hit, lru_evicted = lru.access(key, t)
+        assert hit == lru_hit
+        assert [e.key for e in evicted] == [e.key for e in lru_evicted]
+
+
+def test_a_loop_moves_the_lead_from_lru_to_lirs() -> None:
+    policy = HeatPolicy(50, experts=("lru", "lirs"))
+    hits = [policy.access(key, t)[0] for t, key in enumerate(list(range(80)) * 30)]
+    assert policy.leader == "lirs"
+    assert sum(hits[-80:]) >= 40  # LRU would miss every access of a loop larger than the cache
+
+
+def test_a_costly_migration_keeps_the_leader() -> None:
+    policy = HeatPolicy(50, experts=("lru", "lirs"), migration_cost=1e9)
+    for t, key in enumerate(list(range(80)) * 30):
+        policy.access(key, t)
+    assert policy.leader == "lru"
+
+
+def test_the_cache_bypasses_what_the_leader_bypasses(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Frozen(LRU):
+        """Admits while there is room, then never again."""
+
+        def on_miss(self, key, now_ms, size=1, meta=None):  # type: ignore[no-untyped-def]
+            if len(self) >= self.capacity:
+                return [Eviction(key, "rejected")]
+            return super().on_miss(key, now_ms, size, meta)
+
+    monkeypatch.setitem(panel_module.FACTORIES, "frozen", lambda capacity, seed: Frozen(capacity))
+    policy = HeatPolicy(3, experts=("frozen",))
+    for t, key in enumerate([1, 2, 3]):
+        policy.access(key, t)
+    assert policy.access(4, 3) == (False, [Eviction(4, "rejected")])
+    assert all(key in policy for key in (1, 2, 3))
+
+
+def test_doomed_entries_go_before_the_leaders_victim() -> None:
+    policy = HeatPolicy(3, experts=("lru",))
+    policy.access("a", 0)
+    policy.access("b", 1, meta=AccessMeta(trace_id="t"))
+    policy.access("c", 2)
+    policy.end_trace("t", 3, evict=False)
+    _, out = policy.access("d", 4)  # LRU would evict a; the ended conversation's entry goes first
+    assert [(e.key, e.reason) for e in out] == [("b", "context_ended")]
+
+
+def test_prefix_chains_retire_the_panel_and_evict_by_recency_and_frequency() -> None:
+    policy = HeatPolicy(6, chain_half_life=100.0)
+    assert policy.panel is not None
+
+    def request(t: int, *chain: int) -> None:
+        parent = None
+        for key in chain:
+            policy.access(key, t, meta=AccessMeta(parent=parent))
+            parent = key
+
+    for t in range(3):
+        request(t, 1, 2, 3)  # a popular chain
+    request(3, 10, 11, 12)  # used once, and more recently
+    assert policy.panel is None
+    request(4, 20, 21)  # room for two more blocks: the once-used chain gives way, leaf first
+    assert all(key in policy for key in (1, 2, 3, 20, 21))
+    assert 10 in policy and 11 not in policy and 12 not in policy
+
+
+def test_prefix_chains_on_the_prior_leave_the_model_untrained() -> None:
+    policy = HeatPolicy(16, warmup_labels=8, rescore_ms=1, candidate_sample_rate=1.0)
+    for t in range(200):
+        parent = None
+        for key in (t % 5, 100 + t % 7, 1000 + t):
+            policy.access(key, t, meta=AccessMeta(parent=parent))
+            parent = key
+    assert not policy.learning and not policy.model_active
+    assert policy.scorer.steps == 0
+    assert all(0.0 <= s.score <= 1.0 for s in policy.scores())

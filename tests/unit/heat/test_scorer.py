@@ -78,3 +78,18 @@ def test_labeler_grades_reuse_within_the_horizon() -> None:
 def test_rank_correlation() -> None:
     assert rank_correlation(np.array([1.0, 2, 3]), np.array([0.1, 0.2, 0.3])) > 0.99
     assert rank_correlation(np.ones(3), np.array([0.0, 1, 2])) == 0.0
+
+
+def test_the_prior_columns_match_the_full_features() -> None:
+    from services.heat.features import EntryTable
+
+    table = EntryTable(8, 8)
+    table.used[:5] = True
+    table.last_tick[:5] = [1, 5, 9, 20, 40]
+    table.freq[:5] = [1, 3, 7, 15, 2]
+    table.freq_epoch[:5] = [0, 1, 2, 2, 0]
+    idx = np.arange(5)
+    full = table.features(idx, 50, 0, np.ones(5, dtype=bool), resets=2)
+    rf = table.recency_frequency(idx, 50, resets=2)
+    np.testing.assert_allclose(rf[:, 0], full[:, FEATURES.index("recency")])
+    np.testing.assert_allclose(rf[:, 1], full[:, FEATURES.index("frequency")])
