@@ -25,9 +25,10 @@ import heapq
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from infra.paths import shared_data_dir
 from schemas.events import CacheAccessed, Event, KvBlockStored
@@ -242,6 +243,31 @@ def mooncake_events(
 # --- planted drift patterns ------------------------------------------------------------------------
 
 
+def _planted(
+    start_ms: int,
+    keys: int,
+    duration_ms: int,
+    per_key_per_s: int,
+    prefix: str,
+    service_for: Callable[[int, int], str],
+    **fields: Any,
+) -> list[CacheAccessed]:
+    """`keys` keys, each accessed `per_key_per_s` times a second for `duration_ms`; tick n of key k
+    comes from `service_for(n, k)`. Event ids are deterministic, so a re-run produces the same events."""
+    step = 1000 // per_key_per_s
+    return [
+        CacheAccessed(
+            event_id=_event_id(prefix, n, k),
+            occurred_at_ms=t + k,
+            key=f"{prefix}:{k}",
+            service=service_for(n, k),
+            **fields,
+        )
+        for n, t in enumerate(range(start_ms, start_ms + duration_ms, step))
+        for k in range(keys)
+    ]
+
+
 def pulse_events(
     start_ms: int,
     *,
@@ -254,25 +280,10 @@ def pulse_events(
     prefix: str = "pulse",
 ) -> list[CacheAccessed]:
     """A burst: `keys` new keys hammered from one service for `duration_ms` (seed §2.4: pulse)."""
-    step = 1000 // per_key_per_s
-    out = []
-    for n, t in enumerate(range(start_ms, start_ms + duration_ms, step)):
-        for k in range(keys):
-            out.append(
-                CacheAccessed(
-                    event_id=_event_id(prefix, n, k),
-                    occurred_at_ms=t + k,
-                    key=f"{prefix}:{k}",
-                    hit=False,
-                    tier="l1",
-                    latency_ms=4.0,
-                    shard=shard,
-                    service=service,
-                    call_depth=call_depth,
-                    model="llama-7b",
-                )
-            )
-    return out
+    return _planted(
+        start_ms, keys, duration_ms, per_key_per_s, prefix, lambda n, k: service,
+        hit=False, tier="l1", latency_ms=4.0, shard=shard, call_depth=call_depth, model="llama-7b",
+    )  # fmt: skip
 
 
 def migration_events(
@@ -287,25 +298,10 @@ def migration_events(
     prefix: str = "migr",
 ) -> list[CacheAccessed]:
     """A steady set of keys whose callers move across every service over time (seed §2.4: migrating)."""
-    step = 1000 // per_key_per_s
-    out = []
-    for n, t in enumerate(range(start_ms, start_ms + duration_ms, step)):
-        for k in range(keys):
-            out.append(
-                CacheAccessed(
-                    event_id=_event_id(prefix, n, k),
-                    occurred_at_ms=t + k,
-                    key=f"{prefix}:{k}",
-                    hit=True,
-                    tier="l1",
-                    latency_ms=0.5,
-                    shard=shard,
-                    service=services[(n + k) % len(services)],
-                    call_depth=call_depth,
-                    model="llama-13b",
-                )
-            )
-    return out
+    return _planted(
+        start_ms, keys, duration_ms, per_key_per_s, prefix, lambda n, k: services[(n + k) % len(services)],
+        hit=True, tier="l1", latency_ms=0.5, shard=shard, call_depth=call_depth, model="llama-13b",
+    )  # fmt: skip
 
 
 def merge_by_time(*streams: Iterable[Event]) -> list[Event]:

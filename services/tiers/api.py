@@ -248,6 +248,25 @@ def _value_dict(blob: bytes) -> dict[str, Any]:
     }
 
 
+async def _put(cache: TieredCache, meta: EntryMeta, blob: bytes, threshold: float | None = None) -> PutOut:
+    """A write through the tiered cache, its failures as HTTP problems: 503 while L3 is unavailable
+    (retry later), 422 for data Postgres refused."""
+    try:
+        result = await cache.put(meta, blob, invalidate_threshold=threshold)
+    except L3Unavailable as exc:
+        raise _problem(503, str(exc)) from None
+    except L3Rejected as exc:
+        raise _problem(422, str(exc)) from None
+    return PutOut(
+        key=result.key,
+        size_bytes=result.size_bytes,
+        tiers=list(result.tiers),
+        persisted=result.persisted,
+        invalidated_local=list(result.invalidated_local),
+        updated_at_ms=result.updated_at_ms,
+    )
+
+
 def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> dict[str, Any]:
     entry = result.entry
     return {
@@ -384,20 +403,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             context_dependency_ids=tuple(body.context_dependency_ids),
             semantic_tags=dict(body.semantic_tags),
         )
-        try:
-            result = await cache.put(meta, blob, invalidate_threshold=body.invalidate_threshold)
-        except L3Unavailable as exc:
-            raise _problem(503, str(exc)) from None
-        except L3Rejected as exc:
-            raise _problem(422, str(exc)) from None
-        return PutOut(
-            key=result.key,
-            size_bytes=result.size_bytes,
-            tiers=list(result.tiers),
-            persisted=result.persisted,
-            invalidated_local=list(result.invalidated_local),
-            updated_at_ms=result.updated_at_ms,
-        )
+        return await _put(cache, meta, blob, body.invalidate_threshold)
 
     @v1.delete("/entries/{key:path}", response_model=DeleteOut, summary="Delete everywhere")
     async def delete_entry(key: str) -> DeleteOut:
@@ -453,20 +459,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             ttl_hint_ms=ttl_hint_ms,
             trace_id=trace_id,
         )
-        try:
-            result = await cache.put(meta, bytes(blob))
-        except L3Unavailable as exc:
-            raise _problem(503, str(exc)) from None
-        except L3Rejected as exc:
-            raise _problem(422, str(exc)) from None
-        return PutOut(
-            key=result.key,
-            size_bytes=result.size_bytes,
-            tiers=list(result.tiers),
-            persisted=result.persisted,
-            invalidated_local=list(result.invalidated_local),
-            updated_at_ms=result.updated_at_ms,
-        )
+        return await _put(cache, meta, bytes(blob))
 
     @v1.get("/stats", summary="Tier sizes, hit rates (remote L2 too), breaker state, event queues")
     async def stats() -> dict[str, Any]:
