@@ -141,6 +141,7 @@ def report(rows: list[dict[str, object]], policies: list[str], out: Path, consol
         "gap closed",
     ]
     summary_rows: list[list[str]] = []
+    matched = 0
     for name in dict.fromkeys(r.trace for r in results):
         mine = [r for r in results if r.trace == name]
         title = f"{name} ({mine[0].accesses:,} accesses, {mine[0].compulsory:,} distinct keys)"
@@ -163,6 +164,7 @@ def report(rows: list[dict[str, object]], policies: list[str], out: Path, consol
                 continue
             best, best_name = max(classic)
             heat = by[("heat", c)].hit_rate
+            matched += heat >= best
             opt = by[("opt", c)].hit_rate if ("opt", c) in by else None
             summary_rows.append(
                 [
@@ -182,6 +184,8 @@ def report(rows: list[dict[str, object]], policies: list[str], out: Path, consol
     for row in summary_rows:
         summary.add_row(*row)
     console.print(summary)
+    verdict = f"heat >= the best of {', '.join(CLASSIC)} in {matched} of {len(summary_rows)} cells"
+    console.print(verdict)
     speed_rows = []
     for policy in policies:
         mine = [r for r in results if r.policy == policy]
@@ -195,6 +199,8 @@ def report(rows: list[dict[str, object]], policies: list[str], out: Path, consol
         "# Policy benchmark",
         "",
         *_md_table(summary_header, summary_rows),
+        "",
+        verdict,
         "",
         *_md_table(["policy", "accesses/s"], speed_rows),
         *details,
