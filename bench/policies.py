@@ -7,12 +7,17 @@ but not in that comparison) and its gap to Belady, and replay throughput per pol
 bench/results/policies.{csv,md} and a plot per trace.
 
     .venv/bin/python -m bench.policies [--jobs 2] [--policy heat ...] [--trace cs ...]
+        [--heat-option 'experts=["lru","lirs","arc","wtinylfu","heat-frame"]' ...]
+
+`--heat-option NAME=JSON` passes a keyword argument to `HeatPolicy` (e.g. `migration_cost=0.1`),
+to try a variant against the same table.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -46,7 +51,9 @@ def capacities_for(path: Path) -> list[int]:
     return [max(1, round(f * trace.distinct)) for f in LIRS_FRACTIONS]
 
 
-def _run(path: str, policy: str, capacities: list[int], seed: int) -> list[dict[str, object]]:
+def _run(
+    path: str, policy: str, capacities: list[int], seed: int, heat_options: dict[str, object]
+) -> list[dict[str, object]]:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from services.heat.replay import run_grid
     from services.heat.replay_cli import limit_threads
@@ -65,7 +72,7 @@ def _run(path: str, policy: str, capacities: list[int], seed: int) -> list[dict[
             "compulsory": r.compulsory,
             "seconds": r.seconds,
         }
-        for r in run_grid(trace, [policy], capacities, seed=seed)
+        for r in run_grid(trace, [policy], capacities, seed=seed, heat_options=heat_options)
     ]
 
 
@@ -78,10 +85,14 @@ def main() -> None:
     parser.add_argument("--policy", action="append", help="repeatable; default: all")
     parser.add_argument("--trace", action="append", help="repeatable trace name filter; default: all")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument(
+        "--heat-option", action="append", default=[], metavar="NAME=JSON", help="HeatPolicy kwarg"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--report-only", action="store_true", help="re-render from OUT/policies.csv")
     args = parser.parse_args()
     policies = args.policy or POLICIES
+    heat_options = dict(_option(o) for o in args.heat_option)
     console = Console(width=160)
     if args.report_only:
         with (args.out / "policies.csv").open() as fh:
@@ -93,7 +104,7 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         futures = [
-            pool.submit(_run, str(path), policy, caps, args.seed)
+            pool.submit(_run, str(path), policy, caps, args.seed, heat_options)
             for path, caps in tasks
             for policy in policies
         ]
@@ -101,6 +112,16 @@ def main() -> None:
             rows.extend(future.result())
     console.print(f"replayed {len(rows)} runs in {time.perf_counter() - started:.0f} s")
     report(rows, policies, args.out, console)
+
+
+def _option(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise SystemExit(f"--heat-option wants NAME=JSON, got {text!r}")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"--heat-option {name}: {value!r} is not JSON ({exc.msg})") from exc
 
 
 def _results(rows: list[dict[str, object]]) -> list[ReplayResult]:

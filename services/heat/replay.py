@@ -9,7 +9,7 @@ The hit rate is hit blocks / all blocks, the figure the Mooncake reference numbe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -142,6 +142,7 @@ def run_grid(
     seed: int = 0,
     progress: ProgressFn | None = None,
     record: bool = False,
+    heat_options: Mapping[str, object] | None = None,
 ) -> list[ReplayResult]:
     """Replay `trace` once per (policy, capacity), in that order."""
     from services.heat.policies import make_policy
@@ -149,6 +150,6 @@ def run_grid(
     results = []
     for name in policies:
         for capacity in capacities:
-            policy = make_policy(name, capacity, future=trace.keys, seed=seed)
+            policy = make_policy(name, capacity, future=trace.keys, seed=seed, heat_options=heat_options)
             results.append(replay(trace, policy, record=record, progress=progress))
     return results

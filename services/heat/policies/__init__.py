@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,8 +27,10 @@ def make_policy(
     *,
     future: Sequence[Hashable] | np.ndarray | None = None,
     seed: int = 0,
+    heat_options: Mapping[str, object] | None = None,
 ) -> Policy:
-    """Build a policy by registry name. `future` (the whole key sequence) is required by `opt`."""
+    """Build a policy by registry name. `future` (the whole key sequence) is required by `opt`;
+    `heat_options` are keyword arguments for `HeatPolicy` (experiments with its parameters)."""
     if name == "lru":
         return LRU(capacity)
     if name == "lfu":
@@ -45,7 +47,7 @@ def make_policy(
         # Imported here: the heat policy pulls in torch, which the classic policies do not need.
         from services.heat.policies.heat import HeatPolicy
 
-        return HeatPolicy(capacity, seed=seed)
+        return HeatPolicy(capacity, seed=seed, **dict(heat_options or {}))  # type: ignore[arg-type]
     if name == "opt":
         if future is None:
             raise ValueError("opt needs the future key sequence")

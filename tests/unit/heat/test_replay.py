@@ -60,3 +60,16 @@ def test_mooncake_like_replay_with_every_policy() -> None:
     for name in ("lru", "lfu", "lru2", "arc", "wtinylfu", "heat", "opt"):
         result = replay(trace, make_policy(name, 4, future=trace.keys))
         assert 0 <= result.hits <= result.accesses - result.compulsory
+
+
+def test_run_grid_passes_heat_options_to_the_heat_policy() -> None:
+    """`bench.policies --heat-option` relies on this: a variant is really built with the options."""
+    assert make_policy("heat", 8, heat_options={"experts": ["lru"]}).leader == "lru"
+    with pytest.raises(TypeError):
+        make_policy("heat", 8, heat_options={"no_such_option": 1})
+    trace = from_keys("loop", [1, 2, 3, 4, 5] * 20)
+    lru_led, lirs_led = (
+        run_grid(trace, ["heat"], [4], heat_options={"experts": [e]})[0] for e in ("lru", "lirs")
+    )
+    assert lru_led.hits == 0  # a loop longer than the cache: LRU never hits
+    assert lirs_led.hits > 0
