@@ -64,8 +64,8 @@ class Study:
     blocks: dict[Hashable, Block] = field(default_factory=dict)
 
 
-Priority = Callable[[Block, int], float]  # (block, its last access index) -> keep-worthiness
-Admit = Callable[[Block, int], bool]
+Priority = Callable[[Block], float]  # keep-worthiness; higher stays longer
+Admit = Callable[[Block], bool]
 
 
 class LeafFirst(Policy):
@@ -108,7 +108,7 @@ class LeafFirst(Policy):
 
     def _push(self, key: Hashable) -> None:
         b = self.study.blocks[key]
-        heapq.heappush(self._heap, (self.priority(b, b.last), b.last, key))
+        heapq.heappush(self._heap, (self.priority(b), b.last, key))
 
     def on_hit(self, key: Hashable, now_ms: int, meta: AccessMeta | None = None) -> None:
         self._touch(key)
@@ -122,7 +122,7 @@ class LeafFirst(Policy):
         parent = meta.parent if meta is not None else None
         if parent is not None and parent not in self._resident:
             return [Eviction(key, "rejected")]
-        if self.admit is not None and not self.admit(b, b.last):
+        if self.admit is not None and not self.admit(b):
             return [Eviction(key, "rejected")]
         if parent is not None:
             self._children[parent] = self._children.get(parent, 0) + 1  # the parent is no leaf now
@@ -173,23 +173,23 @@ def rows_for(capacity: int) -> list[tuple[str, str, Callable[[Study], LeafFirst]
         lam = 1.0 / (half_life * capacity)
         # CRF decayed to a common time orders like log2(CRF) + lambda * last access.
         return lambda s: LeafFirst(
-            capacity, s, lambda b, last: math.log2(b.crf) + lam * last, half_life=half_life
+            capacity, s, lambda b: math.log2(b.crf) + lam * b.last, half_life=half_life
         )
 
     return [
-        ("LRU (leaf-first)", "causal", lambda s: LeafFirst(capacity, s, lambda b, last: last)),
+        ("LRU (leaf-first)", "causal", lambda s: LeafFirst(capacity, s, lambda b: b.last)),
         ("LRFU, half-life 1 x capacity", "causal", lrfu(1)),
         ("LRFU, half-life 3 x capacity (heat)", "causal", lrfu(3)),
         ("LRFU, half-life 10 x capacity", "causal", lrfu(10)),
         (
             "LFU with full history",
             "causal",
-            lambda s: LeafFirst(capacity, s, lambda b, last: b.count + last / 1e12),
+            lambda s: LeafFirst(capacity, s, lambda b: b.count + b.last / 1e12),
         ),
         (
             "hyperbolic count / age",
             "causal",
-            lambda s: LeafFirst(capacity, s, lambda b, last: b.count / (last - b.first + capacity)),
+            lambda s: LeafFirst(capacity, s, lambda b: b.count / (b.last - b.first + capacity)),
         ),
         (
             "LRU, never admits a block with no future use",
@@ -197,16 +197,16 @@ def rows_for(capacity: int) -> list[tuple[str, str, Callable[[Study], LeafFirst]
             lambda s: LeafFirst(
                 capacity,
                 s,
-                lambda b, last: last,
-                admit=lambda b, last: bool(s.next_use[last] != NEVER),
+                lambda b: b.last,
+                admit=lambda b: bool(s.next_use[b.last] != NEVER),
             ),
         ),
         (
             "remaining future uses",
             "oracle",
-            lambda s: LeafFirst(capacity, s, lambda b, last: s.remaining[last] + last / 1e12),
+            lambda s: LeafFirst(capacity, s, lambda b: s.remaining[b.last] + b.last / 1e12),
         ),
-        ("Belady (next use)", "oracle", lambda s: LeafFirst(capacity, s, lambda b, last: -s.next_use[last])),
+        ("Belady (next use)", "oracle", lambda s: LeafFirst(capacity, s, lambda b: -s.next_use[b.last])),
     ]
 
 
