@@ -12,7 +12,7 @@ Seed §1.2, DESIGN §1/§3. How a miss is decided:
    and the leader does not ("foreign" keys: after each of the leader's evictions exactly one, so the
    resident set is the leader's); among several foreign keys, the coldest by heat. A new leader is
    followed lazily, one foreign key per miss, and only when its lead outweighs the migration
-   (`migration_cost` (0.25) times the resident keys it does not hold).
+   (`migration_cost` (1.0) times the resident keys it does not hold).
 4. Heat: every entry carries the features of `features.py`; an online MLP (`scorer.py`) turns them
    into heat (how soon it will be re-used), re-scoring the whole cache in one batch every
    `rescore_ms` (100 ms) of trace time and learning from labels that come due. A fixed prior
@@ -83,7 +83,7 @@ class HeatPolicy(Policy):
         *,
         seed: int = 0,
         experts: Sequence[str] = DEFAULT_EXPERTS,
-        migration_cost: float = 0.25,
+        migration_cost: float = 1.0,
         chain_half_life: float = 3.0,
         rescore_ms: int = 100,
         horizon: int | None = None,
