@@ -108,6 +108,7 @@ class L2Peers(RemoteL2):
         rdma_port: int = 1,
         rdma_gid_index: int = 0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        token: bytes | None = None,
         clock: Callable[[], float] = time.monotonic,
         connect: Connect | None = None,
     ) -> None:
@@ -118,6 +119,7 @@ class L2Peers(RemoteL2):
         self.rdma_port = rdma_port
         self.rdma_gid_index = rdma_gid_index
         self.max_frame_bytes = max_frame_bytes
+        self._token = token  # the mesh token peers' block servers require (never logged)
         self.clock = clock
         self._connect = connect or self._open
         self._peers = [_Peer(a, *parse_peer(a)) for a in parse_peers(addresses)]
@@ -128,7 +130,9 @@ class L2Peers(RemoteL2):
 
     async def _open(self, host: str, port: int) -> BlockTransport:
         """TCP, or RDMA with the handshake on a TCP control channel (`auto`: RDMA when both ends can)."""
-        control = TcpBlockClient(host, port, max_frame_bytes=self.max_frame_bytes, timeout_s=self.timeout_s)
+        control = TcpBlockClient(
+            host, port, max_frame_bytes=self.max_frame_bytes, timeout_s=self.timeout_s, token=self._token
+        )
         if self.transport == "tcp":
             return control
         endpoint: PyverbsEndpoint | None = None

@@ -158,6 +158,7 @@ class TiersService(Service):
         to theirs; RDMA next to TCP where `l2_transport` asks for it and a device exists."""
         assert self.cache is not None
         s, l2 = self.settings, self.cache.l2
+        token = s.api_token.get_secret_value().encode() if s.api_token is not None else None
         own: str | None = None
         if l2 is not None:
             exporter = self._rdma_exporter(l2.pool)
@@ -170,6 +171,7 @@ class TiersService(Service):
                 directory=l2,
                 writable=False,
                 rdma=exporter,
+                token=token,
             )
             await server.start()
             stack.push_async_callback(server.stop)
@@ -187,6 +189,7 @@ class TiersService(Service):
                 rdma_device=s.rdma_device,
                 rdma_port=s.rdma_port,
                 rdma_gid_index=s.rdma_gid_index,
+                token=token,
             )
             stack.push_async_callback(self.peers.close)
             self.cache.peers = self.peers

@@ -20,7 +20,8 @@ class TiersSettings(ServiceSettings):
     api_host: str = "127.0.0.1"
     # 0 picks a free port (tests, several nodes on one machine); /healthz reports the one in use.
     api_port: Annotated[int, Field(ge=0, le=65535)] = 8700
-    # When set, every /v1 route needs `Authorization: Bearer <token>`. Never logged.
+    # When set, every /v1 route needs `Authorization: Bearer <token>`, and every connection to the
+    # block port must open with AUTH <token> (peers in a mesh share it and send it). Never logged.
     api_token: SecretStr | None = None
 
     # --- tiers -------------------------------------------------------------------------------

@@ -20,12 +20,16 @@ message as payload. Ops and their payloads:
     INFO      -> capacity u32 | length u32 | state u8 | pad 3 | refcount i32
     COMMIT    offset u32 | nbytes u32: a one-sided RDMA WRITE put these bytes into the block
     HELLO     RDMA handshake (rdma.py encodes both sides); UNSUPPORTED without an RDMA device
+    AUTH      the mesh token (the tier node's `api_token`). A server with a token answers every other op
+              UNAUTHORIZED, and hangs up, until the connection has sent it; a wrong token is answered
+              UNAUTHORIZED and the connection is closed. A server without a token accepts any AUTH.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import struct
 from abc import ABC, abstractmethod
@@ -71,6 +75,7 @@ class Op(IntEnum):
     INFO = 8
     COMMIT = 9
     HELLO = 10
+    AUTH = 11
 
 
 # What a read-only server (a node sharing the pool its L2 owns) refuses.
@@ -87,6 +92,7 @@ class Status(IntEnum):
     NOT_FOUND = 6  # FIND: this pool holds no entry under the key
     REFUSED = 7  # a mutating op on a read-only server
     UNSUPPORTED = 8  # FIND without a key directory, HELLO without an RDMA device
+    UNAUTHORIZED = 9  # no AUTH, or a wrong token, on a server that requires one
 
 
 class TransportError(Exception):
@@ -302,6 +308,25 @@ def _find(directory: KeyDirectory | None, req: Frame, reply: Callable[..., Frame
     if located is None:
         return reply(Status.NOT_FOUND, payload=b"no entry under this key")
     return reply(payload=encode_located(located))
+
+
+def authenticate(req: Frame, token: bytes | None) -> Frame:
+    """The answer to an AUTH frame: OK when the server needs no token or the token matches (compared
+    in constant time), UNAUTHORIZED otherwise. The token is never echoed."""
+    if token is None or hmac.compare_digest(req.payload, token):
+        return Frame(Op.AUTH, Status.OK, req.request_id, 0)
+    return Frame(Op.AUTH, Status.UNAUTHORIZED, req.request_id, 0, b"wrong token for this block server")
+
+
+def unauthorized(req: Frame) -> Frame:
+    """The answer to any other op before a required AUTH."""
+    return Frame(
+        req.op,
+        Status.UNAUTHORIZED,
+        req.request_id,
+        req.block_id,
+        b"this block server requires AUTH with the mesh token first",
+    )
 
 
 class RdmaExporter(Protocol):
@@ -571,7 +596,8 @@ class TcpBlockServer:
     """Serves one `BlockPool` over TCP. `async with TcpBlockServer(pool) as server: server.port`.
 
     `directory` answers FIND (a node passes its L2 store); `writable=False` refuses every op that
-    changes the pool (a node's L2 owns its blocks: peers may only read them); `rdma` answers HELLO."""
+    changes the pool (a node's L2 owns its blocks: peers may only read them); `rdma` answers HELLO;
+    with `token`, a connection must open with AUTH carrying it."""
 
     def __init__(
         self,
@@ -583,9 +609,11 @@ class TcpBlockServer:
         directory: KeyDirectory | None = None,
         writable: bool = True,
         rdma: RdmaExporter | None = None,
+        token: bytes | None = None,
     ) -> None:
         self.pool = pool
         self.host = host
+        self._token = token
         self._port = port
         self.max_frame_bytes = max_frame_bytes
         self.directory = directory
@@ -638,6 +666,7 @@ class TcpBlockServer:
         assert task is not None
         self._conns.add(task)
         sessions: list[Callable[[], None]] = []  # RDMA queue pairs this connection opened
+        authed = self._token is None
         try:
             while True:
                 try:
@@ -651,6 +680,14 @@ class TcpBlockServer:
                     await writer.drain()
                     return
                 self.requests[req.op.name] += 1
+                if req.op is Op.AUTH or not authed:
+                    resp = authenticate(req, self._token) if req.op is Op.AUTH else unauthorized(req)
+                    authed = resp.status is Status.OK
+                    writer.write(encode_frame(resp))
+                    await writer.drain()
+                    if not authed:
+                        return
+                    continue
                 try:
                     resp = answer(
                         self.pool,
@@ -686,11 +723,13 @@ class TcpBlockClient(FramedBlockClient):
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         timeout_s: float = DEFAULT_TIMEOUT_S,
+        token: bytes | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
         self.timeout_s = timeout_s
+        self._token = token
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._lock = asyncio.Lock()
@@ -705,9 +744,19 @@ class TcpBlockClient(FramedBlockClient):
         return self._writer is not None
 
     async def connect(self) -> None:
+        """Open the connection; with a token, AUTH is its first exchange (RemoteError if refused)."""
         if self._writer is None:
             async with asyncio.timeout(self.timeout_s):
                 self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+                if self._token is None:
+                    return
+                try:
+                    (resp,) = await self._exchange_chunk([(Op.AUTH, 0, self._token)])
+                    if resp.status is not Status.OK:
+                        raise RemoteError(resp.status, resp.payload.decode(errors="replace"))
+                except BaseException:
+                    await self.close()
+                    raise
 
     async def __aenter__(self) -> Self:
         await self.connect()

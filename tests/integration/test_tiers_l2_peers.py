@@ -6,6 +6,8 @@ Postgres, each serving its L2 pool on its own block port; node B is given A's as
   A's address. B promotes it: the next lookup is B's own L1. Batch lookups go the same way.
 - B survives A going away: lookups fall through to L3 (or miss) quickly, the failure is counted, the
   dead peer is skipped while it backs off, and B stays healthy.
+- With an `api_token`, A's block port serves only peers that send the same token: a node with another
+  token gets no remote hit (the refusal is counted as a peer error) and A serves it nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import asyncpg
 import httpx
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from services.tiers.client import AsyncTiersClient, LookupRequest
 from tests.integration.nodes import running
@@ -105,6 +108,41 @@ async def test_node_b_reads_node_a_l2_and_survives_a_going_away(
             assert (await cb.get(keys["only-a"])).tier == "l1"  # what B promoted stays served
             health = await b.health()
             assert health["healthy"] and health["l2_blocks"]["peers"] == [a_blocks, "127.0.0.1:1"]
+
+
+async def test_the_mesh_token_guards_the_block_port(kafka, topics_on, node_settings, postgres) -> None:
+    await topics_on(kafka)
+    run = uuid.uuid4().hex[:8]
+    key, mesh, other = f"guarded-{run}", f"mesh-{run}", f"other-{run}"
+    async with running(node_settings("a", api_token=SecretStr(mesh))) as a:
+        assert a.block_server is not None
+        blocks = a.block_server.address
+        async with (
+            running(node_settings("b", api_token=SecretStr(mesh), l2_peers=blocks)) as b,
+            running(node_settings("c", api_token=SecretStr(other), l2_peers=blocks)) as c,
+            AsyncTiersClient(a.api_url, token=mesh) as ca,
+            AsyncTiersClient(b.api_url, token=mesh) as cb,
+            AsyncTiersClient(c.api_url, token=other) as cc,
+        ):
+            await ca.put(key, "only in A's memory", model="llama")
+            conn = await asyncpg.connect(postgres.dsn)
+            try:
+                await conn.execute("DELETE FROM cache_descriptors WHERE key = $1", key)
+            finally:
+                await conn.close()
+            finds = a.block_server.requests["FIND"]
+            outsider = await cc.get(key)
+            assert not outsider.hit
+            assert by_peer_now(c)[blocks]["errors"] == 1
+            assert a.block_server.requests["AUTH"] >= 1
+            assert a.block_server.requests["FIND"] == finds, "the outsider never got past AUTH"
+            member = await cb.get(key)
+            assert (member.hit, member.tier, member.remote, member.value) == (
+                True,
+                "l2",
+                True,
+                "only in A's memory",
+            )
 
 
 def by_peer_now(node) -> dict[str, dict]:  # type: ignore[no-untyped-def, type-arg]

@@ -184,6 +184,43 @@ async def test_more_requests_than_one_pipeline_chunk() -> None:
         assert sum(f is not None for f in found) == 200
 
 
+async def test_a_block_server_with_a_token_serves_only_connections_that_sent_it() -> None:
+    pool = BlockPool(8, xp=np)
+    async with TcpBlockServer(pool, token=b"mesh-secret") as server:
+        async with TcpBlockClient("127.0.0.1", server.port, token=b"mesh-secret") as client:
+            block = await client.allocate(5)
+            await client.write(block, b"hello")
+            assert await client.read(block) == b"hello"
+        anonymous = TcpBlockClient("127.0.0.1", server.port)
+        with pytest.raises(RemoteError) as exc:
+            await anonymous.read(block)
+        assert exc.value.status is Status.UNAUTHORIZED
+        await anonymous.close()
+        wrong = TcpBlockClient("127.0.0.1", server.port, token=b"guess")
+        with pytest.raises(RemoteError) as exc:
+            await wrong.connect()
+        assert exc.value.status is Status.UNAUTHORIZED and not wrong.connected
+        await until(lambda: server.connections == 0)
+        assert server.requests["READ"] == 2  # the refused READ was counted, not served
+        assert pool.read_bytes(block) == b"hello"
+
+
+async def test_peers_read_a_token_server_only_with_the_token() -> None:
+    pool = BlockPool(8, xp=np)
+    store = L2Store(pool)
+    entry = kv_entry("k", 300)
+    store.put(entry)
+    async with TcpBlockServer(pool, directory=store, writable=False, token=b"mesh-secret") as server:
+        address = f"127.0.0.1:{server.port}"
+        outsider = L2Peers([address], timeout_s=1.0, retry_after_ms=60_000)
+        assert await outsider.fetch_many(["k"]) == {}
+        await outsider.close()
+        member = L2Peers([address], timeout_s=1.0, token=b"mesh-secret")
+        hits = await member.fetch_many(["k"])
+        assert hits["k"].entry.blob == entry.blob
+        await member.close()
+
+
 async def test_a_peer_that_accepts_but_never_answers_times_out_fast_and_is_skipped() -> None:
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.read()  # swallow requests, answer nothing

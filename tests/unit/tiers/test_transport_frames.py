@@ -24,6 +24,7 @@ from services.tiers.transport import (
     RemoteError,
     Status,
     answer,
+    authenticate,
     decode_frame_header,
     decode_located,
     encode_frame,
@@ -199,3 +200,13 @@ async def test_framed_client_ops_over_the_in_process_channel() -> None:
         await client.allocate(10)
     assert err.value.status is Status.REFUSED
     assert client.requests["FIND"] == 3
+
+
+def test_auth_accepts_the_token_only_and_never_echoes_it() -> None:
+    req = Frame(Op.AUTH, Status.OK, 7, 0, b"mesh-secret")
+    ok = authenticate(req, b"mesh-secret")
+    assert (ok.op, ok.status, ok.request_id, ok.payload) == (Op.AUTH, Status.OK, 7, b"")
+    for wrong in (b"mesh-secreT", b"", b"mesh-secret-and-more"):
+        refused = authenticate(Frame(Op.AUTH, Status.OK, 8, 0, wrong), b"mesh-secret")
+        assert refused.status is Status.UNAUTHORIZED and b"mesh-secret" not in refused.payload
+    assert authenticate(req, None).status is Status.OK  # a server without a token accepts any AUTH
