@@ -364,8 +364,12 @@ class StreamsApp:
         await self.write(self.merge_table, writes)
         emission = self.merge.emit(q)
         now = self.clock()
-        for out in emission.events:
-            await self.publish(out)
+        delivered = [await self.publish(out) for out in emission.events]
+        if delivered:
+            # The windows reach Kafka before the table records them as emitted: the producer sends
+            # each partition's batches on their own, so a crash in between could otherwise persist
+            # "emitted" and lose the windows. Now it re-emits them (consumers dedupe by event_id).
+            await asyncio.gather(*delivered)
         await self.write(self.merge_table, emission.writes)
         for out in emission.events:
             if isinstance(out, WindowComputed):
@@ -400,7 +404,8 @@ class StreamsApp:
 
     # --- edges -------------------------------------------------------------------------------
 
-    async def publish(self, event: Event) -> None:
+    async def publish(self, event: Event) -> Awaitable[Any]:
+        """Queues `event` on its output topic; returns the delivery future."""
         topic = self.names.drift if isinstance(event, DriftClustered) else self.names.window
         payload = encode(event)
         limit = self.settings.kafka.max_event_bytes
@@ -408,7 +413,7 @@ class StreamsApp:
             event = event.model_copy(update={"keys": event.keys[: len(event.keys) // 2]})
             payload = encode(event)
         headers = [("event_type", str(event.type).encode())]  # type: ignore[attr-defined]
-        await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
+        return await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
 
     async def write(self, table: Any, writes: Iterable[TableWrite]) -> None:
         """Applies stage writes to the local table and its changelog, on the chosen partition."""
