@@ -526,7 +526,8 @@ class StreamsApp:
             "replayed": counters.replayed,
             "open_panes": self.ingest.open_panes(),
             "windows": self.merge.counters.windows,
-            # Partials that reached stage 2 after their windows were emitted (dropped: a count lost).
+            # Partials that reached stage 2 after their windows were emitted, and were dropped: a
+            # re-sent duplicate after a restart, or else a lost count.
             "late_partials": self.merge.counters.late_partials,
             "drift_clusters": self.merge.counters.clusters,
             "last_window_lag_ms": self.last_window_lag_ms,

@@ -294,7 +294,7 @@ def _json(body: Any, status_code: int = 200) -> Response:
 def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder | None = None) -> FastAPI:
     """The API over one node's tiered cache. `embedder` None: lookups by text answer 503."""
     dim = settings.embedding_dim
-    token = settings.api_token.get_secret_value().encode() if settings.api_token is not None else None
+    token = settings.token_bytes
 
     async def embed_texts(texts: list[str]) -> np.ndarray:
         if embedder is None:

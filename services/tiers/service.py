@@ -158,7 +158,7 @@ class TiersService(Service):
         to theirs; RDMA next to TCP where `l2_transport` asks for it and a device exists."""
         assert self.cache is not None
         s, l2 = self.settings, self.cache.l2
-        token = s.api_token.get_secret_value().encode() if s.api_token is not None else None
+        token = s.token_bytes
         own: str | None = None
         if l2 is not None:
             exporter = self._rdma_exporter(l2.pool)

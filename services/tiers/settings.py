@@ -98,3 +98,8 @@ class TiersSettings(ServiceSettings):
         if isinstance(value, str | list | tuple):
             return parse_peers(value)
         raise ValueError("l2_peers is a comma-separated list of host:port")
+
+    @property
+    def token_bytes(self) -> bytes | None:
+        """`api_token` as the HTTP API and the block port compare it."""
+        return self.api_token.get_secret_value().encode() if self.api_token is not None else None
