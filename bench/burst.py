@@ -26,10 +26,10 @@ POLICIES = ["lru", "lfu", "lru2", "arc", "wtinylfu", "heat", "opt"]
 
 def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from services.heat.burst import BurstScenario, burst_metrics, burst_trace
-    from services.heat.policies import make_policy
-    from services.heat.replay import replay
-    from services.heat.replay_cli import limit_threads
+    from policies import make_policy
+    from sim.burst import BurstScenario, burst_metrics, burst_trace
+    from sim.cli import limit_threads
+    from sim.replay import replay
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -23,11 +23,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from services.heat.burst import BurstScenario, burst_metrics, burst_trace
-from services.heat.policies import make_policy
-from services.heat.policies.base import Policy
-from services.heat.replay import compulsory_mask
-from services.heat.traces import Trace
+from policies import make_policy
+from policies.base import Policy
+from sim.burst import BurstScenario, burst_metrics, burst_trace
+from sim.replay import compulsory_mask
+from sim.traces import Trace
 
 POLICIES = ("lru", "wtinylfu", "heat")
 
@@ -94,7 +94,7 @@ def repeated_in_first_window(trace: Trace, new_keys: np.ndarray, sc: BurstScenar
 
 def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from services.heat.replay_cli import limit_threads
+    from sim.cli import limit_threads
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from bench.vector_index import make_dataset
-from services.tiers.l1 import L1Cache
-from services.tiers.vector_index import ExactCosineIndex
+from services.tiers.l1.cache import L1Cache
+from services.tiers.l1.vector_index import ExactCosineIndex
 
 TARGETS = {"exact_get_p50_us": 5.0, "semantic_p99_us": 1000.0, "recall@1": 0.95, "batched_per_s": 41_700}
 

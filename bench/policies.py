@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.paths import shared_data_dir
-from services.heat.replay import ReplayResult
+from sim.replay import ReplayResult
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = shared_data_dir() / "traces"
@@ -43,7 +43,7 @@ def trace_paths(data: Path) -> list[Path]:
 
 
 def capacities_for(path: Path) -> list[int]:
-    from services.heat.traces import read_trace
+    from sim.traces import read_trace
 
     trace = read_trace(path)
     if trace.prefix:
@@ -55,9 +55,9 @@ def _run(
     path: str, policy: str, capacities: list[int], seed: int, heat_options: dict[str, object]
 ) -> list[dict[str, object]]:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from services.heat.replay import run_grid
-    from services.heat.replay_cli import limit_threads
-    from services.heat.traces import read_trace
+    from sim.cli import limit_threads
+    from sim.replay import run_grid
+    from sim.traces import read_trace
 
     limit_threads()
     trace = read_trace(Path(path))
@@ -145,7 +145,7 @@ def _md_table(header: list[str], body: list[list[str]]) -> list[str]:
 
 
 def report(rows: list[dict[str, object]], policies: list[str], out: Path, console: Console) -> None:
-    from services.heat.replay_cli import plot, write_csv
+    from sim.cli import plot, write_csv
 
     out.mkdir(parents=True, exist_ok=True)
     results = _results(rows)

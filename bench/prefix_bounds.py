@@ -37,8 +37,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from infra.paths import shared_data_dir
-from services.heat.policies.base import AccessMeta, Eviction, Policy
-from services.heat.traces import Trace, read_mooncake
+from policies.base import AccessMeta, Eviction, Policy
+from sim.traces import Trace, read_mooncake
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = shared_data_dir() / "traces" / "mooncake_synthetic.jsonl"
@@ -248,7 +248,7 @@ def learned_predictability(trace: Trace, next_use: np.ndarray, horizon: int) -> 
 
 def main() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from services.heat.replay import replay
+    from sim.replay import replay
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -54,15 +54,15 @@ from infra.process import ServerProcess
 from infra.topics import ensure_topics
 from services.runtime.postgres import Database, apply_migrations
 from services.runtime.settings import PostgresSettings
-from services.tiers.block_pool import BlockPool
-from services.tiers.breaker import LatencyBreaker
-from services.tiers.client import AsyncTiersClient, LookupRequest
+from services.tiers.edge.client import AsyncTiersClient, LookupRequest
 from services.tiers.entry import EntryMeta, decode_value, encode_text
-from services.tiers.l1 import L1Cache, monotonic_ms
-from services.tiers.l2 import L2Store
-from services.tiers.l3_store import PostgresL3Store
-from services.tiers.outbox import Outbox
-from services.tiers.tiered import Query, TieredCache
+from services.tiers.l1.cache import L1Cache, monotonic_ms
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.store import L2Store
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.l3.store import PostgresL3Store
+from services.tiers.node.outbox import Outbox
+from services.tiers.node.tiered import Query, TieredCache
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).parent / "results"
@@ -146,7 +146,7 @@ def embed_cached(texts: Sequence[str]) -> np.ndarray:
     path = cache_dir() / "bench" / f"minilm-{digest}.npy"
     if path.exists():
         return np.load(path)
-    from services.tiers.embedder import Embedder
+    from services.tiers.edge.embedder import Embedder
 
     started = time.perf_counter()
     vectors = Embedder(threads=os.cpu_count() or 1).embed_blocking(list(texts))

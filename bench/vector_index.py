@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from services.tiers.vector_index import (
+from services.tiers.l1.vector_index import (
     ExactCosineIndex,
     HnswlibIndex,
     VectorIndex,

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from services.heat import replay_cli
+from sim import cli as replay_cli
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
 schemas_app = typer.Typer(help="Event contracts: JSON Schema and golden payloads.", no_args_is_help=True)

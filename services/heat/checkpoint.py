@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.heat.scorer import HeatScorer
+from policies.learned.scorer import HeatScorer
 
 FORMAT = 1
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
+from policies.base import AccessMeta, Eviction
+from policies.learned.heat import HeatPolicy
 from schemas.events import (
     AttentionHeatReported,
     CacheAccessed,
@@ -18,8 +20,6 @@ from schemas.events import (
     KvBlockRemoved,
     KvBlockStored,
 )
-from services.heat.policies.base import AccessMeta, Eviction
-from services.heat.policies.heat import HeatPolicy
 
 # The policy spells it with a hyphen; the wire contract with an underscore.
 _WIRE_DECISION: dict[str, Decision] = {"keep": "keep", "evict": "evict", "keep-alive": "keep_alive"}

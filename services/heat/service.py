@@ -12,11 +12,11 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge
 
+from policies.learned.heat import HeatPolicy
 from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine
 from services.heat.model_store import PostgresModelStore
-from services.heat.policies.heat import HeatPolicy
 from services.heat.settings import HeatSettings
 from services.runtime.kafka import Delivery, EventPublisher
 from services.runtime.service import Loop, Service

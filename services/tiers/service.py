@@ -27,19 +27,19 @@ from schemas.events import (
 )
 from services.runtime.kafka import Delivery, EventPublisher
 from services.runtime.service import Loop, Service
-from services.tiers.api import create_app
-from services.tiers.block_pool import BlockPool
-from services.tiers.breaker import LatencyBreaker
-from services.tiers.embedder import Embedder
-from services.tiers.l1 import L1Cache, monotonic_ms
-from services.tiers.l2 import L2Store
-from services.tiers.l3_store import PostgresL3Store
-from services.tiers.outbox import Outbox
-from services.tiers.peers import L2Peers
-from services.tiers.rdma import PyverbsExporter, rdma_available
+from services.tiers.edge.api import create_app
+from services.tiers.edge.embedder import Embedder
+from services.tiers.l1.cache import L1Cache, monotonic_ms
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.net.peers import L2Peers
+from services.tiers.l2.net.rdma import PyverbsExporter, rdma_available
+from services.tiers.l2.net.transport import RdmaUnavailable, TcpBlockServer
+from services.tiers.l2.store import L2Store
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.l3.store import PostgresL3Store
+from services.tiers.node.outbox import Outbox
+from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
-from services.tiers.tiered import TieredCache
-from services.tiers.transport import RdmaUnavailable, TcpBlockServer
 
 log = logging.getLogger(__name__)
 

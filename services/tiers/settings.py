@@ -10,7 +10,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.runtime.settings import ServiceSettings
-from services.tiers.peers import parse_peers
+from services.tiers.l2.net.peers import parse_peers
 
 
 class TiersSettings(ServiceSettings):

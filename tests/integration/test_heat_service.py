@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from policies.learned.features import N_FEATURES
 from schemas.events import CacheAccessed, HeatScored
 from schemas.topics import qualified
 from schemas.wire import decode
-from services.heat.features import N_FEATURES
 from services.heat.service import HeatService
 from services.heat.settings import HeatSettings
 from services.runtime.kafka import EventPublisher

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from services.tiers.client import AsyncTiersClient, LookupRequest
+from services.tiers.edge.client import AsyncTiersClient, LookupRequest
 from tests.integration.nodes import running
 
 pytestmark = pytest.mark.integration

@@ -18,9 +18,9 @@ from pydantic import SecretStr
 
 from services.runtime.postgres import Database, apply_migrations, load_migrations
 from services.runtime.settings import PostgresSettings
-from services.tiers.client import AsyncTiersClient
+from services.tiers.edge.client import AsyncTiersClient
 from services.tiers.entry import Entry, EntryMeta, encode_text
-from services.tiers.l3_store import PostgresL3Store
+from services.tiers.l3.store import PostgresL3Store
 from tests.integration.nodes import running
 
 pytestmark = pytest.mark.integration

@@ -11,13 +11,12 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
-from services.tiers.block_pool import BlockPool
 from services.tiers.codec import decode, encode
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.l2 import L2Store
-from services.tiers.peers import L2Peers
-from services.tiers.rdma import PyverbsExporter, RdmaBlockTransport, rdma_available
-from services.tiers.transport import (
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.net.peers import L2Peers
+from services.tiers.l2.net.rdma import PyverbsExporter, RdmaBlockTransport, rdma_available
+from services.tiers.l2.net.transport import (
     FRAME_HEADER,
     ConnectionClosed,
     RemoteError,
@@ -26,6 +25,7 @@ from services.tiers.transport import (
     TcpBlockServer,
     decode_frame_header,
 )
+from services.tiers.l2.store import L2Store
 from tests.integration.nodes import until
 from tests.unit.tiers.fakes import MemoryEndpoint, MemoryExporter, MemoryFabric
 

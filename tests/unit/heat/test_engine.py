@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from policies.learned.features import N_FEATURES
+from policies.learned.heat import HeatPolicy
 from schemas.events import (
     AttentionHeatReported,
     CacheAccessed,
@@ -14,8 +16,6 @@ from schemas.events import (
 )
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine, attention_heat
-from services.heat.features import N_FEATURES
-from services.heat.policies.heat import HeatPolicy
 
 
 def _engine(capacity: int = 64) -> HeatEngine:

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from services.tiers.block_pool import BlockPool
 from services.tiers.entry import Entry
-from services.tiers.l3_store import L3Rejected, L3Store, SemanticMatch
-from services.tiers.rdma import (
+from services.tiers.l1.vector_index import normalize
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.net.rdma import (
     QpInfo,
     RdmaEndpoint,
     RdmaOp,
@@ -21,8 +21,8 @@ from services.tiers.rdma import (
     decode_client_hello,
     encode_server_hello,
 )
-from services.tiers.tiered import RemoteHit, RemoteL2
-from services.tiers.vector_index import normalize
+from services.tiers.l3.store import L3Rejected, L3Store, SemanticMatch
+from services.tiers.node.tiered import RemoteHit, RemoteL2
 
 
 class Clock:

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 from pydantic import SecretStr
 
-from services.heat.policies.lru import LRU
+from policies.recency.lru import LRU
 from services.tiers import codec
-from services.tiers.api import create_app
-from services.tiers.block_pool import BlockPool
-from services.tiers.breaker import LatencyBreaker
-from services.tiers.client import AsyncTiersClient, LookupRequest, TiersError
-from services.tiers.embedder import Embedder
-from services.tiers.l1 import L1Cache
-from services.tiers.l2 import L2Store
-from services.tiers.outbox import Outbox
+from services.tiers.edge.api import create_app
+from services.tiers.edge.client import AsyncTiersClient, LookupRequest, TiersError
+from services.tiers.edge.embedder import Embedder
+from services.tiers.l1.cache import L1Cache
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.store import L2Store
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.outbox import Outbox
+from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
-from services.tiers.tiered import TieredCache
 from tests.unit.tiers.fakes import Clock, MemoryL3, at_cosine, unit
 
 DIM = 16

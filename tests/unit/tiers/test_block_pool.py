@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from services.tiers.block_pool import (
+from services.tiers.l2.block_pool import (
     BLOCK_CLASSES,
     PAGE_BYTES,
     UNIT_BYTES,

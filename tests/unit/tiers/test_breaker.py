@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.tiers.breaker import LatencyBreaker
+from services.tiers.l3.breaker import LatencyBreaker
 from tests.unit.tiers.fakes import Clock
 
 

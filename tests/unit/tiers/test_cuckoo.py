@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from services.tiers.cuckoo import SLOTS_PER_BUCKET, CuckooFull, CuckooTable, Slot, key_hash, key_hashes
+from services.tiers.l1.cuckoo import SLOTS_PER_BUCKET, CuckooFull, CuckooTable, Slot, key_hash, key_hashes
 
 # Small hashes repeat (so deletes and lookups hit); large ones spread over the buckets.
 KEY = st.one_of(st.integers(1, 48), st.integers(1, 2**64 - 1))

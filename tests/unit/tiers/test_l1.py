@@ -5,10 +5,10 @@ from collections.abc import Hashable
 import numpy as np
 import pytest
 
-from services.heat.policies.base import AccessMeta, Eviction, Policy
-from services.heat.policies.lru import LRU
-from services.tiers.l1 import L1Cache
-from services.tiers.vector_index import normalize
+from policies.base import AccessMeta, Eviction, Policy
+from policies.recency.lru import LRU
+from services.tiers.l1.cache import L1Cache
+from services.tiers.l1.vector_index import normalize
 
 DIM = 8
 RNG = np.random.default_rng(5)

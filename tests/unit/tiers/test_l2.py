@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.tiers.block_pool import PAGE_BYTES, BlockPool
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.l2 import L2Store
+from services.tiers.l2.block_pool import PAGE_BYTES, BlockPool
+from services.tiers.l2.store import L2Store
 from tests.unit.tiers.fakes import Clock, at_cosine, unit
 
 RNG = np.random.default_rng(3)

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services.tiers.l3_store import PostgresL3Store
+from services.tiers.l3.store import PostgresL3Store
 
 
 class NoVectorDatabase:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from services.tiers.api import openapi_document
+from services.tiers.edge.api import openapi_document
 
 PUBLISHED = Path(__file__).resolve().parents[3] / "schemas" / "openapi" / "tiers.json"
 
@@ -13,7 +13,7 @@ PUBLISHED = Path(__file__).resolve().parents[3] / "schemas" / "openapi" / "tiers
 def test_published_openapi_matches_the_app() -> None:
     current = json.loads(json.dumps(openapi_document(), sort_keys=True))
     assert json.loads(PUBLISHED.read_text()) == current, (
-        "the API changed: refresh with `python -m services.tiers.api > schemas/openapi/tiers.json`"
+        "the API changed: refresh with `python -m services.tiers.edge.api > schemas/openapi/tiers.json`"
     )
     paths = set(current["paths"])
     assert {"/v1/lookup", "/v1/lookup/batch", "/v1/entries/{key}", "/v1/values/{key}", "/v1/stats"} <= paths

@@ -4,7 +4,7 @@ both bounded, with the overflow counted rather than blocking."""
 from __future__ import annotations
 
 from schemas.events import CacheInvalidated
-from services.tiers.outbox import AccessRecord, Outbox
+from services.tiers.node.outbox import AccessRecord, Outbox
 from tests.unit.tiers.fakes import Clock
 
 

@@ -11,10 +11,9 @@ import struct
 import numpy as np
 import pytest
 
-from services.tiers.block_pool import UNIT_BYTES, BlockPool
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.l2 import L2Store
-from services.tiers.rdma import (
+from services.tiers.l2.block_pool import UNIT_BYTES, BlockPool
+from services.tiers.l2.net.rdma import (
     CLIENT_HELLO_BYTES,
     SERVER_HELLO_BYTES,
     ClientHello,
@@ -34,7 +33,8 @@ from services.tiers.rdma import (
     rdma_available,
     remote_address,
 )
-from services.tiers.transport import BlockSpan, LocalBlockClient, RdmaUnavailable, RemoteError, Status
+from services.tiers.l2.net.transport import BlockSpan, LocalBlockClient, RdmaUnavailable, RemoteError, Status
+from services.tiers.l2.store import L2Store
 from tests.unit.tiers.fakes import Clock, MemoryEndpoint, MemoryExporter, MemoryFabric
 
 GID = bytes(range(16))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from policies.recency.lru import LRU
 from schemas.events import (
     CacheAccessed,
     CacheInvalidated,
@@ -19,15 +20,14 @@ from schemas.events import (
     PromotionRequested,
     WarmupRequested,
 )
-from services.heat.policies.lru import LRU
-from services.tiers.block_pool import BlockPool
-from services.tiers.breaker import LatencyBreaker
 from services.tiers.entry import Entry, EntryMeta, decode_value, encode_text
-from services.tiers.l1 import L1Cache
-from services.tiers.l2 import L2Store
-from services.tiers.l3_store import L3Rejected
-from services.tiers.outbox import Outbox
-from services.tiers.tiered import L3Unavailable, Query, TieredCache
+from services.tiers.l1.cache import L1Cache
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.store import L2Store
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.l3.store import L3Rejected
+from services.tiers.node.outbox import Outbox
+from services.tiers.node.tiered import L3Unavailable, Query, TieredCache
 from tests.unit.tiers.fakes import Clock, FakePeers, MemoryL3, at_cosine, unit
 
 DIM = 16

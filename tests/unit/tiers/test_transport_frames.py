@@ -8,10 +8,9 @@ import struct
 import numpy as np
 import pytest
 
-from services.tiers.block_pool import BlockPool, BlockState
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.l2 import L2Store
-from services.tiers.transport import (
+from services.tiers.l2.block_pool import BlockPool, BlockState
+from services.tiers.l2.net.transport import (
     FRAME_HEADER,
     MAGIC,
     BlockSpan,
@@ -31,6 +30,7 @@ from services.tiers.transport import (
     encode_located,
     handle_request,
 )
+from services.tiers.l2.store import L2Store
 
 
 def test_frame_round_trip() -> None:

@@ -7,8 +7,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from services.tiers.block_pool import default_array_module
-from services.tiers.vector_index import (
+from services.tiers.l1.vector_index import (
     ExactCosineIndex,
     HnswlibIndex,
     SemanticIndex,
@@ -16,6 +15,7 @@ from services.tiers.vector_index import (
     cosine_topk,
     normalize,
 )
+from services.tiers.l2.block_pool import default_array_module
 
 DIM = 16
 RNG = np.random.default_rng(11)

@@ -1,0 +1,1 @@
+"""Adaptive policies that balance recency and frequency: ARC, LIRS, W-TinyLFU."""

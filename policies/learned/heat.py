@@ -1,0 +1,667 @@
+"""The AI-native policy: a resident set that follows the best of a panel of experts, a learned heat
+score for every entry, and the mesh's lifecycle signals.
+
+Seed §1.2, DESIGN §1/§3. How a miss is decided:
+1. Experts (`panel.py`): LIRS, LRU, ARC, W-TinyLFU and the heat frame (`frame.py`: W-TinyLFU whose
+   victims the heat model picks, the AI expert) are simulated side by side at the real capacity on
+   the same accesses. Pairwise hit evidence picks the leader: LIRS until another expert wins
+   significantly (with no evidence yet, scan resistance is the safer bet).
+2. Admission: a missed key is cached when the leader cached it (an expert that bypasses a key makes
+   the cache bypass it too). A key enters only on its own miss: nothing is prefetched.
+3. Victim: entries of ended conversations and expired entries first; then the keys this cache holds
+   and the leader does not ("foreign" keys: after each of the leader's evictions exactly one, so the
+   resident set is the leader's); among several foreign keys, the coldest by heat. A new leader is
+   followed lazily, one foreign key per miss, and only when its lead outweighs the migration
+   (`migration_cost` (1.0) times the resident keys it does not hold).
+4. Heat: every entry carries the features of `features.py`; an online MLP (`scorer.py`) turns them
+   into heat (how soon it will be re-used), re-scoring the whole cache in one batch every
+   `rescore_ms` (100 ms) of trace time and learning from labels that come due. A fixed prior
+   (`prior_recency` * recency + the rest * frequency) scores until `warmup_labels` labels have
+   arrived. Heat chooses the heat frame's victims and the foreign key to drop, drives `scores()`
+   (keep / evict / keep-alive for the tiers), and spreads over semantic clusters: an entry inherits
+   `cluster heat * exp(-distance / neighbour_tau)` from the hottest member of its cluster (kept
+   alive), and a victim whose whole cluster is colder than `cold_cluster` takes its cluster along.
+5. Prefix chains (`AccessMeta.parent` set, e.g. KV blocks): the first such block retires the panel
+   (its experts know no chains). Leaves go before roots, as in a radix tree (a block is worthless
+   without its parent); an orphan block is never admitted; the victim is the leaf with the least
+   combined recency-frequency (LRFU, Lee et al., IEEE ToC 2001: CRF = sum over past accesses of
+   2^(-age / half-life), half-life `chain_half_life` (3) capacities of accesses, kept for evicted
+   blocks too). A shared prefix is traversed by every request that reuses it, so it accumulates CRF
+   and outlives the once-used tails below it. With `scorer="auto"` chains stay on the prior, where
+   the MLP lost on the Mooncake trace.
+6. Context lifecycle: entries bound to an ended trace_id are evicted (or, lazily, go first); TTLs
+   expire entries the same way.
+Sizes are honoured (capacity in size units); the experts count entries, so with mixed sizes the
+cache may need more room than the leader's evictions free, and the coldest leaf goes.
+With `experts=()` there is no panel: the victim is always the coldest leaf by heat.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from policies.adaptive.wtinylfu import WTinyLFU
+from policies.admission.sketch import FrequencySketch
+from policies.base import AccessMeta, Eviction, EvictionReason, Policy
+from policies.learned.features import N_FEATURES, EntryTable
+from policies.learned.frame import HeatFrame, prior_heat
+from policies.learned.panel import EXPERTS, ExpertPanel
+from policies.learned.scorer import HeatScorer, ReuseLabeler
+
+Decision = Literal["keep", "evict", "keep-alive"]
+FRAME = "heat-frame"
+DEFAULT_EXPERTS = (*EXPERTS, FRAME)
+_EXPIRED = -2.0
+_ENDED = -1.0
+# Up to this many foreign keys the coldest is found in Python; beyond, with one numpy pass.
+_SMALL_FOREIGN = 32
+
+
+@dataclass(frozen=True, slots=True)
+class HeatScore:
+    """One entry's current heat, for publishing `heat.scores.v1`."""
+
+    key: Hashable
+    score: float
+    cluster: int | None
+    decision: Decision
+
+
+class HeatPolicy(Policy):
+    name = "heat"
+    size_aware = True
+    prefix_aware = True
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        seed: int = 0,
+        experts: Sequence[str] = DEFAULT_EXPERTS,
+        migration_cost: float = 1.0,
+        chain_half_life: float = 3.0,
+        rescore_ms: int = 100,
+        horizon: int | None = None,
+        hidden: int = 16,
+        sample_per_rescore: int = 16,
+        candidate_sample_rate: float = 0.25,
+        train_steps: int = 1,
+        warmup_labels: int = 256,
+        neighbour_tau: float = 0.1,
+        cold_cluster: float = 0.05,
+        evict_below: float = 0.1,
+        scorer: Literal["auto", "model", "prior"] = "auto",
+        prior_recency: float = 0.5,
+    ) -> None:
+        super().__init__(capacity)
+        self.rescore_ms = rescore_ms
+        self.horizon = horizon if horizon is not None else max(4 * capacity, 256)
+        self.sample_per_rescore = sample_per_rescore
+        self.candidate_sample_rate = candidate_sample_rate
+        self.train_steps = train_steps
+        self.warmup_labels = warmup_labels
+        self.neighbour_tau = neighbour_tau
+        self.cold_cluster = cold_cluster
+        self.evict_below = evict_below
+        self.scorer_mode = scorer
+        self.prior_recency = prior_recency
+        self.migration_cost = migration_cost
+        # Prefix chains: combined recency-frequency halves every `chain_half_life` capacities of
+        # accesses (LRFU's lambda).
+        self._lambda = 1.0 / (chain_half_life * capacity)
+        self.sketch = FrequencySketch(capacity, seed=seed)
+        self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed)
+        # The experts that count frequencies share this cache's sketch: it hears the same accesses.
+        built: dict[str, Policy] = {}
+        if "wtinylfu" in experts:
+            built["wtinylfu"] = WTinyLFU(capacity, seed=seed, sketch=self.sketch)
+        self._frame: HeatFrame | None = None
+        if FRAME in experts:
+            self._frame = HeatFrame(capacity, self.sketch, self._frame_heat, seed=seed)
+            built[FRAME] = self._frame
+        self.panel = ExpertPanel(capacity, experts, built=built, seed=seed) if experts else None
+        self.labeler = ReuseLabeler(self.horizon)
+        slots = capacity + 1  # one spare: a newcomer is staged in a slot before room is made
+        self.table = EntryTable(slots, capacity)
+        self.raw = np.zeros(slots, dtype=np.float32)
+        self.eff = np.zeros(slots, dtype=np.float32)
+        self.crf = np.zeros(slots, dtype=np.float64)  # combined recency-frequency at the last access
+        self._leaves: list[tuple[float, int, int]] = []  # (priority, serial, slot), lazily pruned
+        self._serial = 0
+        self._slot: dict[Hashable, int] = {}
+        self._keys: list[Hashable | None] = [None] * slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._doomed: dict[int, EvictionReason] = {}  # ended / expired slots, evicted first
+        self._foreign: dict[int, None] = {}  # slots the leading expert does not hold
+        self._used = 0
+        self._tick = 0
+        self._now_ms = 0
+        self._last_rescore_ms: int | None = None
+        self._trace_ids: dict[str, int] = {}
+        self._ended: set[int] = set()
+        self._pending_attention: OrderedDict[Hashable, float] = OrderedDict()
+        # Last access and CRF of recently evicted keys (4 capacities of them), so a returning key
+        # keeps its inter-access gap and its history.
+        self._ghost: OrderedDict[Hashable, tuple[int, float]] = OrderedDict()
+        self._one_cache: dict[tuple[float, ...], float] = {}
+        self._rng = np.random.default_rng(seed)
+        self._checked: dict[int, int] = {}  # challenger -> tick its migration cost was last weighed
+        self.rescores = 0
+        self._prefix_mode = False  # set by the first block that names a prefix parent
+
+    # -- Policy interface -------------------------------------------------------------------
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._slot
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+    @property
+    def leader(self) -> str | None:
+        """The expert the resident set follows (None without a panel)."""
+        return None if self.panel is None else self.panel.leader_name
+
+    def on_hit(self, key: Hashable, now_ms: int, meta: AccessMeta | None = None) -> None:
+        s = self._slot[key]
+        self._tick += 1
+        self._now_ms = now_ms
+        self.sketch.increment(key)
+        t = self.table
+        last = int(t.last_tick[s])
+        t.gap[s] = self._tick - last
+        self.crf[s] = 1.0 + float(self.crf[s]) * 2.0 ** (-self._lambda * (self._tick - last))
+        t.last_tick[s] = self._tick
+        t.hits[s] += 1
+        if self._prefix_mode and t.children[s] == 0:
+            self._push_leaf(s)
+        t.freq[s] = self.sketch.frequency(key)
+        t.freq_epoch[s] = self.sketch.resets
+        if meta is not None:
+            self._apply_meta(s, meta)
+        self._heard(key)
+        self._consult(key, now_ms, meta)
+        self._maybe_rescore(now_ms)
+
+    def on_miss(
+        self, key: Hashable, now_ms: int, size: int = 1, meta: AccessMeta | None = None
+    ) -> list[Eviction]:
+        self._tick += 1
+        self._now_ms = now_ms
+        self.sketch.increment(key)
+        self._heard(key)
+        self._consult(key, now_ms, meta)
+        if size > self.capacity:
+            return [Eviction(key, "rejected")]
+        parent = -1
+        if meta is not None and meta.parent is not None:
+            parent = self._slot.get(meta.parent, -1)
+            if parent < 0:
+                return [Eviction(key, "rejected")]  # an orphan block can never be hit
+            if not self._prefix_mode:
+                self._enter_prefix_mode()
+        bypassed = self.panel is not None and not self.panel.holds(key)
+        if bypassed and self._used + size > self.capacity:
+            return [Eviction(key, "rejected")]  # the leader bypassed it: so does the cache
+        self._maybe_rescore(now_ms)
+        s = self._stage(key, size, parent, meta)
+        evicted: list[Eviction] = []
+        while self._used + size > self.capacity:
+            v = self._pick_victim(exclude=parent)
+            if v < 0:
+                self._unstage(s)
+                return [*evicted, Eviction(key, "rejected")]
+            evicted.extend(self._evict(v))
+        self._commit(s, key)
+        self._set_heat(s, self._score_one(s, key))
+        if bypassed:
+            self._foreign[s] = None
+        if self._prefix_mode:
+            self._push_leaf(s)
+        return evicted
+
+    def on_remove(self, key: Hashable) -> None:
+        s = self._slot.get(key)
+        if s is not None:
+            self._release(s)
+
+    # -- following the panel ---------------------------------------------------------------------
+
+    def _consult(self, key: Hashable, now_ms: int, meta: AccessMeta | None) -> None:
+        """Replay the access in the experts; what the leader evicted becomes foreign here."""
+        panel = self.panel
+        if panel is None:
+            return
+        chained = meta is not None and meta.parent is not None
+        for gone in panel.access(key, now_ms, chained):
+            s = self._slot.get(gone)
+            if s is not None:
+                self._foreign[s] = None
+        s = self._slot.get(key)
+        if s is not None and s in self._foreign and panel.holds(key):
+            del self._foreign[s]
+        if panel.contested:
+            self._weigh_challenger()
+
+    def _weigh_challenger(self) -> None:
+        """Switch to the challenger whose lead best outweighs its migration: each resident key it
+        does not hold is an entry the cache gives up without evidence (`migration_cost` apiece).
+        Among equally good challengers this prefers the one closest to the resident set."""
+        panel = self.panel
+        assert panel is not None
+        best, best_net = -1, 0.0
+        recheck = max(64, self.capacity // 16)
+        for challenger, lead in panel.challengers():
+            if self.migration_cost <= 0:
+                net = lead
+            else:
+                last = self._checked.get(challenger)
+                if last is not None and self._tick - last < recheck:
+                    continue
+                self._checked[challenger] = self._tick
+                shadow = panel.shadows[challenger]
+                net = lead - self.migration_cost * sum(1 for k in self._slot if k not in shadow)
+            if net > best_net:
+                best, best_net = challenger, net
+        if best < 0:
+            return
+        panel.follow(best)
+        self._checked.clear()
+        shadow = panel.shadows[best]
+        self._foreign = {s: None for k, s in self._slot.items() if k not in shadow}
+
+    # -- signals from the mesh (kv.events, context.lifecycle, clusters) ----------------------
+
+    def observe_attention_heat(self, key: Hashable, heat: float) -> None:
+        """Attention-head heat reported for `key` (kv.events.v1), in [0, 1]."""
+        heat = min(max(float(heat), 0.0), 1.0)
+        s = self._slot.get(key)
+        if s is None:
+            self._pending_attention[key] = heat
+            self._pending_attention.move_to_end(key)
+            if len(self._pending_attention) > self.capacity:
+                self._pending_attention.popitem(last=False)
+            return
+        self.table.attention[s] = heat
+        self.table.has_attention[s] = True
+
+    def observe_cluster(self, key: Hashable, cluster: int, distance: float = 0.0) -> None:
+        """Semantic cluster of `key` and its (cosine) distance to the cluster centre."""
+        s = self._slot.get(key)
+        if s is not None:
+            self.table.cluster[s] = cluster
+            self.table.distance[s] = distance
+
+    def end_trace(self, trace_id: str, now_ms: int, evict: bool = True) -> list[Eviction]:
+        """The conversation `trace_id` ended (context.lifecycle.v1). Its entries are evicted now,
+        leaves first (a block still parenting another trace's block stays, first in line), or with
+        `evict=False` only moved to the front of the eviction order."""
+        tid = self._trace_ids.get(trace_id)
+        if tid is None:
+            return []
+        self._ended.add(tid)
+        t = self.table
+        members = np.nonzero(t.used & (t.trace == tid))[0]
+        evicted: list[Eviction] = []
+        for s in members[np.argsort(-t.depth[members], kind="stable")].tolist():
+            if evict and t.children[s] == 0:
+                evicted.append(self._evict_one(s, "context_ended"))
+            else:
+                self._doom(s, "context_ended")
+        return evicted
+
+    def expire(self, now_ms: int) -> list[Eviction]:
+        """Evict every entry whose TTL has run out by `now_ms` (leaves first)."""
+        t = self.table
+        dead = np.nonzero(t.used & (t.ttl_ms > 0) & (now_ms - t.inserted_ms >= t.ttl_ms))[0]
+        out = []
+        for s in dead[np.argsort(-t.depth[dead], kind="stable")].tolist():
+            if t.children[s] == 0:
+                out.append(self._evict_one(s, "expired"))
+            else:
+                self._doom(s, "expired")
+        return out
+
+    def heat(self, key: Hashable) -> float | None:
+        """The current effective heat of a resident key (None if not resident)."""
+        s = self._slot.get(key)
+        return None if s is None else max(float(self.eff[s]), 0.0)
+
+    def scores(self) -> Iterator[HeatScore]:
+        """Current heat and decision per resident key: `evict` when colder than `evict_below` (or
+        bound to an ended trace / expired), `keep-alive` when only a hot neighbour or a resident
+        prefix child keeps it, `keep` otherwise."""
+        t = self.table
+        for key, s in self._slot.items():
+            eff, raw = float(self.eff[s]), float(self.raw[s])
+            if eff < self.evict_below and t.children[s] == 0:
+                decision: Decision = "evict"
+            elif raw < self.evict_below:
+                decision = "keep-alive"
+            else:
+                decision = "keep"
+            cluster = int(t.cluster[s])
+            yield HeatScore(key, max(eff, 0.0), None if cluster < 0 else cluster, decision)
+
+    @property
+    def model_active(self) -> bool:
+        """Whether the MLP (rather than the prior) scores: it is trained, and with `scorer="auto"` the
+        entries are not prefix chains."""
+        if self.scorer_mode == "prior" or self.scorer.labels_seen < self.warmup_labels:
+            return False
+        return self.scorer_mode == "model" or not self._prefix_mode
+
+    @property
+    def learning(self) -> bool:
+        """Whether the model trains: it scores this cache's entries, or will once trained (with
+        `scorer="auto"` prefix chains stay on the prior, so there it does not)."""
+        return self.scorer_mode == "model" or (self.scorer_mode == "auto" and not self._prefix_mode)
+
+    def rescore(self, now_ms: int | None = None) -> None:
+        """Learn from the labels that came due, then score every resident entry in one batch."""
+        now = self._now_ms if now_ms is None else now_ms
+        self._last_rescore_ms = now
+        self.rescores += 1
+        self.labeler.expire(self._tick, self.scorer)
+        if self.learning and self.scorer.train(self.train_steps) is not None:
+            self._one_cache.clear()
+            if self._frame is not None:
+                self._frame.invalidate()
+        self._score_all(now)
+
+    def _score_all(self, now: int) -> None:
+        t = self.table
+        idx = np.nonzero(t.used)[0]
+        if len(idx) == 0:
+            return
+        alive = self._alive(idx)
+        x: np.ndarray | None = None
+        if self.model_active:
+            x = t.features(idx, self._tick, now, alive, self.sketch.resets)
+            raw = self.scorer.score(x).astype(np.float32)
+        else:
+            rf = t.recency_frequency(idx, self._tick, self.sketch.resets)
+            w = self.prior_recency
+            raw = (w * (1.0 - rf[:, 0]) + (1.0 - w) * rf[:, 1]).astype(np.float32)
+        self.raw[idx] = raw
+        eff = raw.copy()
+        clusters = t.cluster[idx]
+        clustered = clusters >= 0
+        if clustered.any():
+            eff = self._neighbour_heat(idx, raw, clusters, clustered, eff)
+        self.eff[idx] = eff
+        for s in idx[~alive].tolist():
+            self._doom(s, "context_ended")
+        ttl = t.ttl_ms[idx]
+        for s in idx[(ttl > 0) & (now - t.inserted_ms[idx] >= ttl)].tolist():
+            self._doom(s, "expired")
+        if not self.learning:
+            return
+        k = min(self.sample_per_rescore, len(idx))
+        picks = self._rng.choice(len(idx), size=k, replace=False)
+        if x is None:
+            x = t.features(idx[picks], self._tick, now, alive[picks], self.sketch.resets)
+        else:
+            x = x[picks]
+        for j, row in zip(picks.tolist(), x, strict=True):
+            key = self._keys[idx[j]]
+            if key is not None:
+                self.labeler.watch(key, row, self._tick)
+
+    # -- eviction ----------------------------------------------------------------------------------
+
+    def _pick_victim(self, exclude: int = -1) -> int:
+        """Doomed leaves first, then the coldest foreign leaf, then the coldest leaf of all (by
+        combined recency-frequency for prefix chains)."""
+        t = self.table
+        for s in self._doomed:
+            if t.children[s] == 0 and s != exclude:
+                return s
+        if self._prefix_mode:
+            return self._least_leaf(exclude)
+        foreign = self._foreign
+        if foreign:
+            if len(foreign) <= _SMALL_FOREIGN:
+                eff = self.eff
+                best, best_heat = -1, np.inf
+                for s in foreign:
+                    if s != exclude and t.children[s] == 0 and eff[s] < best_heat:
+                        best, best_heat = s, eff[s]
+                if best >= 0:
+                    return best
+            else:
+                mask = np.zeros(t.slots, dtype=bool)
+                mask[np.fromiter(foreign, dtype=np.int64, count=len(foreign))] = True
+                v = self._coldest_leaf(mask, exclude)
+                if v >= 0:
+                    return v
+        return self._coldest_leaf(t.used.copy(), exclude)
+
+    def _enter_prefix_mode(self) -> None:
+        """The first block that names a parent: chains are evicted leaf by leaf by combined
+        recency-frequency, so the panel (whose experts know no chains) retires."""
+        self._prefix_mode = True
+        self.panel = None
+        self._frame = None
+        self._foreign.clear()
+        t = self.table
+        for s in np.nonzero(t.used & (t.children == 0))[0].tolist():
+            self._push_leaf(s)
+
+    def _push_leaf(self, s: int) -> None:
+        """(Re)queue leaf `s` at its current priority: log2(CRF) + lambda * last access, which orders
+        leaves as CRF decayed to now does."""
+        priority = math.log2(float(self.crf[s])) + self._lambda * int(self.table.last_tick[s])
+        self._serial += 1
+        heapq.heappush(self._leaves, (priority, self._serial, s))
+        if len(self._leaves) > 4 * self.capacity + 64:
+            t = self.table
+            live = np.nonzero(t.used & (t.children == 0))[0].tolist()
+            self._leaves = []
+            for leaf in live:
+                self._serial += 1
+                p = math.log2(float(self.crf[leaf])) + self._lambda * int(t.last_tick[leaf])
+                self._leaves.append((p, self._serial, leaf))
+            heapq.heapify(self._leaves)
+
+    def _least_leaf(self, exclude: int) -> int:
+        """The resident leaf with the least combined recency-frequency (not `exclude`)."""
+        t, heap = self.table, self._leaves
+        skipped: list[tuple[float, int, int]] = []
+        found = -1
+        while heap:
+            priority, _, s = heap[0]
+            if not t.used[s] or t.children[s] != 0:
+                heapq.heappop(heap)
+                continue
+            current = math.log2(float(self.crf[s])) + self._lambda * int(t.last_tick[s])
+            if current != priority:
+                heapq.heappop(heap)
+                continue
+            if s == exclude:
+                skipped.append(heapq.heappop(heap))
+                continue
+            found = s
+            break
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def _coldest_leaf(self, mask: np.ndarray, exclude: int) -> int:
+        """The least heat over the leaves in `mask` (staged newcomers are not `used` yet)."""
+        t = self.table
+        mask &= t.used & (t.children == 0)
+        if exclude >= 0:
+            mask[exclude] = False
+        if not mask.any():
+            return -1
+        return int(np.where(mask, self.eff, np.inf).argmin())
+
+    def _heard(self, key: Hashable) -> None:
+        self.labeler.heard(key, self._tick, self.scorer)
+
+    def _evict(self, v: int) -> list[Eviction]:
+        reason = self._doomed.get(v)
+        if reason is not None:
+            return [self._evict_one(v, reason)]
+        cluster = int(self.table.cluster[v])
+        if cluster >= 0:
+            t = self.table
+            members = np.nonzero(t.used & (t.cluster == cluster))[0]
+            if float(self.raw[members].max()) < self.cold_cluster:
+                out = [self._evict_one(v, "cold_cluster")]
+                for m in members[np.argsort(-t.depth[members], kind="stable")].tolist():
+                    if m != v and t.used[m] and t.children[m] == 0:
+                        out.append(self._evict_one(m, "cold_cluster"))
+                return out
+        return [self._evict_one(v, "capacity")]
+
+    def _doom(self, s: int, reason: EvictionReason) -> None:
+        self._doomed[s] = reason
+        self.eff[s] = _ENDED if reason == "context_ended" else _EXPIRED
+
+    # -- scoring ---------------------------------------------------------------------------------
+
+    def _frame_heat(self, x: np.ndarray) -> np.ndarray:
+        return self.scorer.score(x) if self.model_active else prior_heat(x, self.prior_recency)
+
+    def _score_one(self, s: int, key: Hashable) -> float:
+        """Heat of one entry, e.g. a newcomer until the next batch re-score."""
+        t = self.table
+        tid = int(t.trace[s])
+        alive = tid < 0 or tid not in self._ended
+        feats = t.features_one(s, self._tick, self._now_ms, alive, self.sketch.resets)
+        if self.learning and self._rng.random() < self.candidate_sample_rate:
+            self.labeler.watch(key, np.asarray(feats, dtype=np.float32), self._tick)
+        if not self.model_active:
+            return self.prior_recency * (1.0 - feats[0]) + (1.0 - self.prior_recency) * feats[2]
+        # Newcomers share few distinct feature vectors; cache their scores until the next step.
+        q = tuple(round(f, 2) for f in feats)
+        model = self._one_cache.get(q)
+        if model is None:
+            model = float(self.scorer.score(np.asarray([feats], dtype=np.float32))[0])
+            self._one_cache[q] = model
+        return model
+
+    def _alive(self, idx: np.ndarray) -> np.ndarray:
+        if not self._ended:
+            return np.ones(len(idx), dtype=bool)
+        return ~np.isin(self.table.trace[idx], np.fromiter(self._ended, dtype=np.int64))
+
+    def _neighbour_heat(
+        self, idx: np.ndarray, raw: np.ndarray, clusters: np.ndarray, clustered: np.ndarray, eff: np.ndarray
+    ) -> np.ndarray:
+        t = self.table
+        ids, inverse = np.unique(clusters[clustered], return_inverse=True)
+        hottest = np.zeros(len(ids), dtype=np.float32)
+        np.maximum.at(hottest, inverse, raw[clustered])
+        keep_alive = hottest[inverse] * np.exp(-t.distance[idx[clustered]] / self.neighbour_tau)
+        t.neighbour[idx[clustered]] = keep_alive
+        eff[clustered] = np.maximum(eff[clustered], keep_alive)
+        return eff
+
+    def _maybe_rescore(self, now_ms: int) -> None:
+        if self._last_rescore_ms is None:
+            self._last_rescore_ms = now_ms
+        elif now_ms - self._last_rescore_ms >= self.rescore_ms:
+            self.rescore(now_ms)
+
+    # -- slot bookkeeping ------------------------------------------------------------------------
+
+    def _apply_meta(self, s: int, meta: AccessMeta) -> None:
+        t = self.table
+        if meta.attention_heat is not None:
+            t.attention[s] = min(max(meta.attention_heat, 0.0), 1.0)
+            t.has_attention[s] = True
+        if meta.trace_id is not None:
+            t.trace[s] = self._trace_ids.setdefault(meta.trace_id, len(self._trace_ids))
+        if meta.ttl_ms is not None:
+            t.ttl_ms[s] = meta.ttl_ms
+            t.inserted_ms[s] = self._now_ms
+        if meta.cluster is not None:
+            t.cluster[s] = meta.cluster
+
+    def _stage(self, key: Hashable, size: int, parent: int, meta: AccessMeta | None) -> int:
+        s = self._free.pop()
+        t = self.table
+        t.reset_slot(s)
+        t.last_tick[s] = self._tick
+        t.inserted_ms[s] = self._now_ms
+        t.size[s] = size
+        t.freq[s] = self.sketch.frequency(key)
+        t.freq_epoch[s] = self.sketch.resets
+        ghost = self._ghost.pop(key, None)
+        if ghost is None:
+            self.crf[s] = 1.0
+        else:
+            last, crf = ghost
+            t.gap[s] = self._tick - last
+            self.crf[s] = 1.0 + crf * 2.0 ** (-self._lambda * (self._tick - last))
+        if parent >= 0:
+            t.parent[s] = parent
+            t.depth[s] = t.depth[parent] + 1
+            t.children[parent] += 1
+        if meta is not None:
+            self._apply_meta(s, meta)
+        attention = self._pending_attention.pop(key, None)
+        if attention is not None:
+            t.attention[s] = attention
+            t.has_attention[s] = True
+        return s
+
+    def _unstage(self, s: int) -> None:
+        parent = int(self.table.parent[s])
+        self.table.reset_slot(s)
+        self._free.append(s)
+        if parent >= 0:
+            self.table.children[parent] -= 1
+
+    def _commit(self, s: int, key: Hashable) -> None:
+        self.table.used[s] = True
+        self._slot[key] = s
+        self._keys[s] = key
+        self._used += int(self.table.size[s])
+
+    def _set_heat(self, s: int, heat: float) -> None:
+        if s not in self._doomed:
+            self.raw[s] = self.eff[s] = heat
+
+    def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
+        key = self._keys[s]
+        self._ghost[key] = (int(self.table.last_tick[s]), float(self.crf[s]))
+        if len(self._ghost) > 4 * self.capacity:
+            self._ghost.popitem(last=False)
+        self._release(s)
+        return Eviction(key, reason)
+
+    def _release(self, s: int) -> None:
+        t = self.table
+        key = self._keys[s]
+        del self._slot[key]
+        self._keys[s] = None
+        self._used -= int(t.size[s])
+        self._doomed.pop(s, None)
+        self._foreign.pop(s, None)
+        parent = int(t.parent[s])
+        if t.children[s] > 0:
+            # Removed from outside (delete / invalidation): its children lose their parent link.
+            t.parent[np.nonzero(t.used & (t.parent == s))[0]] = -1
+        t.reset_slot(s)
+        self.raw[s] = self.eff[s] = 0.0
+        self.crf[s] = 0.0
+        self._free.append(s)
+        if parent >= 0:
+            t.children[parent] -= 1
+            if self._prefix_mode and t.children[parent] == 0:
+                self._push_leaf(parent)

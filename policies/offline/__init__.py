@@ -1,0 +1,1 @@
+"""Offline bounds that read the future: Belady (OPT)."""

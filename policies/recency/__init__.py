@@ -1,0 +1,1 @@
+"""Recency policies: LRU and LRU-K."""

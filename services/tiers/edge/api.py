@@ -1,0 +1,625 @@
+"""The tier node's HTTP API (FastAPI; OpenAPI at /openapi.json, docs at /docs, and a copy in
+`schemas/openapi/tiers.json`): lookup by key, by embedding or by text (embedded with the local
+all-MiniLM-L6-v2), batch lookup, put, delete, stats. An optional bearer token guards every /v1 route.
+
+Bad input is a clear 4xx: 422 for a wrong embedding dimension, NaN or inf, an empty key, text or
+embedding, a malformed tensor; 413 for a body, value, text or batch over its bound; 401 for a missing or
+wrong token. 503 when L3 cannot take writes or the embedding model is unavailable.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the annotations of the nested route functions
+# at runtime, and they name locals of create_app.
+import base64
+import binascii
+import hmac
+import json
+import math
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from schemas.descriptor import MAX_DEPENDENCIES, MAX_TAGS
+from schemas.events import MAX_KEY_CHARS, EntryKind, Tier
+from services.tiers import codec
+from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
+from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
+from services.tiers.l3.store import L3Rejected
+from services.tiers.node.tiered import L3Unavailable, Lookup, TieredCache
+from services.tiers.node.tiered import Query as CacheQuery
+from services.tiers.settings import TiersSettings
+
+API_VERSION = "1"
+VALUE_MEDIA_TYPE = "application/x-cachemesh-value"
+DTypeName = Literal["float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+_DTYPES: dict[str, codec.DType] = {d.name.lower(): d for d in codec.DType}
+
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+TagName = Annotated[str, Field(min_length=1, max_length=128)]
+TagValue = Annotated[str, Field(max_length=4096)]
+Tags = Annotated[dict[TagName, TagValue], Field(max_length=MAX_TAGS)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class TensorIn(_Strict):
+    dtype: DTypeName
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=codec.MAX_NDIM)]
+    data_b64: str = Field(description="little-endian, C order; bfloat16 as its 16-bit patterns")
+
+
+class ValueIn(_Strict):
+    """Exactly one of `text` (an answer, stored as UTF-8) or `tensor`."""
+
+    text: str | None = None
+    tensor: TensorIn | None = None
+
+
+class EmbeddingFields(_Strict):
+    embedding: list[Finite] | None = Field(default=None, description="float vector of the cache's dimension")
+    embedding_b64: str | None = Field(default=None, description="the same as base64 little-endian float32")
+
+
+class PutBody(EmbeddingFields):
+    value: ValueIn
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    kind: EntryKind = "prompt"
+    embed_text: str | None = Field(
+        default=None,
+        description="embed this text (the prompt) with all-MiniLM-L6-v2 as the entry's embedding",
+    )
+    ttl_hint_ms: Annotated[int, Field(gt=0)] | None = None
+    similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    invalidate_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="cosine at which other entries are invalidated (default: the tolerance)"
+    )
+    context_dependency_ids: Annotated[list[Key], Field(max_length=MAX_DEPENDENCIES)] = Field(
+        default_factory=list
+    )
+    trace_id: Key | None = None
+    semantic_tags: Annotated[dict[TagName, TagValue], Field(max_length=MAX_TAGS)] = Field(
+        default_factory=dict
+    )
+    layer_range: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = (0, 0)
+    token_range: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = (0, 0)
+
+
+class LookupBody(EmbeddingFields):
+    """A key, an embedding, a text (embedded here), or a key with either: the exact key goes first."""
+
+    key: Key | None = None
+    text: str | None = None
+    model: str | None = None
+    tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    trace_id: Key | None = None
+    include_value: bool = True
+
+
+class BatchBody(_Strict):
+    requests: Annotated[list[LookupBody], Field(min_length=1)]
+
+
+class ValueOut(BaseModel):
+    kind: EntryKind
+    model: str
+    dtype: str
+    shape: list[int]
+    layer_range: tuple[int, int]
+    token_range: tuple[int, int]
+    checksum: int
+    size_bytes: int
+    text: str | None = None
+    data_b64: str | None = None
+
+
+class DescriptorOut(BaseModel):
+    key: str
+    kind: EntryKind
+    model: str
+    similarity_tolerance: float
+    ttl_hint_ms: int | None
+    trace_id: str | None
+    context_dependency_ids: list[str]
+    semantic_tags: dict[str, str]
+    created_at_ms: int
+    updated_at_ms: int
+    size_bytes: int
+
+
+class LookupOut(BaseModel):
+    hit: bool
+    key: str | None = None
+    tier: Tier | None = None
+    match: Literal["exact", "semantic"] | None = None
+    similarity: float | None = None
+    latency_us: float
+    degraded: bool = Field(description="L3 was skipped (circuit breaker open) or failed")
+    remote: bool = Field(default=False, description="tier l2 of another node: its pool served the value")
+    peer: str | None = Field(default=None, description="that node's block server (host:port)")
+    descriptor: DescriptorOut | None = None
+    value: ValueOut | None = None
+    value_omitted: bool = False
+
+
+class BatchOut(BaseModel):
+    results: list[LookupOut]
+
+
+class PutOut(BaseModel):
+    key: str
+    size_bytes: int
+    tiers: list[Tier]
+    persisted: bool = Field(description="False: queued for L3 (circuit breaker open)")
+    invalidated_local: list[str]
+    updated_at_ms: int
+
+
+class DeleteOut(BaseModel):
+    key: str
+    deleted: bool
+
+
+def _problem(code: int, message: str) -> HTTPException:
+    return HTTPException(status_code=code, detail=message)
+
+
+def _embedding(fields: EmbeddingFields, dim: int) -> np.ndarray | None:
+    if fields.embedding is not None and fields.embedding_b64 is not None:
+        raise _problem(422, "give embedding or embedding_b64, not both")
+    if fields.embedding is not None:
+        vec = np.asarray(fields.embedding, dtype=np.float32)
+    elif fields.embedding_b64 is not None:
+        try:
+            raw = base64.b64decode(fields.embedding_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise _problem(422, "embedding_b64 is not valid base64") from None
+        if len(raw) % 4:
+            raise _problem(422, f"embedding_b64 holds {len(raw)} bytes, not a whole number of float32")
+        vec = np.frombuffer(raw, dtype="<f4").astype(np.float32)
+    else:
+        return None
+    if vec.size == 0:
+        raise _problem(422, "embedding is empty")
+    if vec.shape != (dim,):
+        raise _problem(422, f"embedding has {vec.size} dimensions; this cache uses {dim}")
+    if not np.all(np.isfinite(vec)):
+        raise _problem(422, "embedding must contain only finite numbers (no NaN or inf)")
+    if not np.any(vec):
+        raise _problem(422, "embedding is all zeros: it has no direction to compare")
+    return vec
+
+
+def _check_text(text: str, field: str, max_chars: int) -> str:
+    if not text.strip():
+        raise _problem(422, f"{field} is empty")
+    if len(text) > max_chars:
+        raise _problem(413, f"{field} has {len(text)} characters; the limit is {max_chars}")
+    return text
+
+
+def _tensor(t: TensorIn, max_bytes: int) -> tuple[np.ndarray, codec.DType]:
+    wire = _DTYPES[t.dtype]
+    itemsize = codec.CARRIER[wire].itemsize
+    count = math.prod(t.shape)
+    if count * itemsize > max_bytes:
+        raise _problem(413, f"tensor of {count * itemsize} bytes; the limit is {max_bytes}")
+    try:
+        raw = base64.b64decode(t.data_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise _problem(422, "tensor data_b64 is not valid base64") from None
+    if len(raw) != count * itemsize:
+        raise _problem(
+            422, f"tensor data has {len(raw)} bytes; shape {t.shape} of {t.dtype} needs {count * itemsize}"
+        )
+    array = np.frombuffer(raw, dtype=codec.CARRIER[wire]).reshape(t.shape)
+    if wire in (codec.DType.FLOAT32, codec.DType.FLOAT16) and not np.all(np.isfinite(array)):
+        raise _problem(422, "tensor must contain only finite numbers (no NaN or inf)")
+    return array, wire
+
+
+# Lookup responses are built as plain dicts and serialized once (the models above document them): a
+# batch of a thousand results through pydantic twice costs more than the lookups themselves.
+
+
+def _value_dict(blob: bytes) -> dict[str, Any]:
+    v = decode_value(blob, verify=False)  # verified when it entered the cache
+    h = v.header
+    text = v.text
+    return {
+        "kind": h.kind,
+        "model": h.model,
+        "dtype": h.dtype.name.lower(),
+        "shape": list(h.shape),
+        "layer_range": list(h.layer_range),
+        "token_range": list(h.token_range),
+        "checksum": h.checksum,
+        "size_bytes": len(blob),
+        "text": text,
+        "data_b64": None if text is not None else base64.b64encode(v.array.data).decode(),
+    }
+
+
+async def _put(cache: TieredCache, meta: EntryMeta, blob: bytes, threshold: float | None = None) -> PutOut:
+    """A write through the tiered cache, its failures as HTTP problems: 503 while L3 is unavailable
+    (retry later), 422 for data Postgres refused."""
+    try:
+        result = await cache.put(meta, blob, invalidate_threshold=threshold)
+    except L3Unavailable as exc:
+        raise _problem(503, str(exc)) from None
+    except L3Rejected as exc:
+        raise _problem(422, str(exc)) from None
+    return PutOut(
+        key=result.key,
+        size_bytes=result.size_bytes,
+        tiers=list(result.tiers),
+        persisted=result.persisted,
+        invalidated_local=list(result.invalidated_local),
+        updated_at_ms=result.updated_at_ms,
+    )
+
+
+def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> dict[str, Any]:
+    entry = result.entry
+    return {
+        "hit": entry is not None,
+        "key": None if entry is None else entry.key,
+        "tier": result.tier,
+        "match": result.match,
+        "similarity": result.similarity,
+        "latency_us": result.latency_us,
+        "degraded": result.degraded,
+        "remote": result.remote,
+        "peer": result.peer,
+        "descriptor": None if entry is None else entry.meta.as_dict(),
+        "value": _value_dict(entry.blob) if entry is not None and include_value else None,
+        "value_omitted": omitted,
+    }
+
+
+def _json(body: Any, status_code: int = 200) -> Response:
+    return Response(
+        json.dumps(body, separators=(",", ":")), status_code=status_code, media_type="application/json"
+    )
+
+
+def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder | None = None) -> FastAPI:
+    """The API over one node's tiered cache. `embedder` None: lookups by text answer 503."""
+    dim = settings.embedding_dim
+    token = settings.token_bytes
+
+    async def embed_texts(texts: list[str]) -> np.ndarray:
+        if embedder is None:
+            raise _problem(503, "this node has no embedding model; send an embedding instead of text")
+        try:
+            return await embedder.embed(texts)
+        except EmbedderUnavailable as exc:
+            raise _problem(503, f"embedding model unavailable: {exc}") from None
+
+    async def to_queries(bodies: list[LookupBody]) -> list[CacheQuery]:
+        vectors: list[np.ndarray | None] = []
+        texts: dict[int, str] = {}
+        for i, body in enumerate(bodies):
+            vec = _embedding(body, dim)
+            if body.text is not None:
+                if vec is not None:
+                    raise _problem(422, "give text or an embedding, not both")
+                texts[i] = _check_text(body.text, "text", settings.max_text_chars)
+            elif vec is None and body.key is None:
+                raise _problem(422, "a lookup needs a key, an embedding or a text")
+            vectors.append(vec)
+        if texts:
+            embedded = await embed_texts(list(texts.values()))
+            for i, row in zip(texts, embedded, strict=True):
+                vectors[i] = row
+        return [
+            CacheQuery(key=b.key, embedding=v, model=b.model, tolerance=b.tolerance, trace_id=b.trace_id)
+            for b, v in zip(bodies, vectors, strict=True)
+        ]
+
+    app = FastAPI(
+        title="cachemesh tiers",
+        version=API_VERSION,
+        summary="Semantic cache tier node: L1 cuckoo + vector index, L2 block pool, L3 Postgres.",
+        max_body_size=settings.max_request_bytes,
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # The offending input is not echoed: it may be NaN (not JSON), huge, or a secret.
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    v1 = APIRouter(prefix="/v1")
+
+    async def lookup_one(body: LookupBody) -> dict[str, Any]:
+        (q,) = await to_queries([body])
+        result = await cache.get(
+            q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id
+        )
+        return _lookup_dict(result, body.include_value)
+
+    async def lookup_many(body: BatchBody) -> dict[str, Any]:
+        if len(body.requests) > settings.max_batch:
+            raise _problem(
+                413, f"{len(body.requests)} lookups in one batch; the limit is {settings.max_batch}"
+            )
+        results = await cache.get_many(await to_queries(body.requests))
+        out, budget = [], settings.max_request_bytes
+        for req, result in zip(body.requests, results, strict=True):
+            size = len(result.entry.blob) if result.entry is not None else 0
+            include = req.include_value and size <= budget
+            budget -= size if include else 0
+            out.append(
+                _lookup_dict(result, include, omitted=req.include_value and result.hit and not include)
+            )
+        return {"results": out}
+
+    # The two routes below document the lookups; `LookupFastPath` answers them with the same functions.
+    @v1.post("/lookup", response_model=LookupOut, summary="Look up by key, embedding or text")
+    async def lookup(body: LookupBody) -> Response:
+        return _json(await lookup_one(body))
+
+    @v1.post("/lookup/batch", response_model=BatchOut, summary="Many lookups in one call")
+    async def lookup_batch(body: BatchBody) -> Response:
+        return _json(await lookup_many(body))
+
+    @v1.get("/entries/{key:path}", response_model=LookupOut, summary="Exact-key lookup (404 on a miss)")
+    async def get_entry(key: str, model: Annotated[str | None, Query()] = None) -> Response:
+        _check_key(key)
+        result = await cache.get(key, model=model)
+        return _json(_lookup_dict(result, True), status_code=200 if result.hit else 404)
+
+    @v1.put("/entries/{key:path}", response_model=PutOut, status_code=201, summary="Write an entry")
+    async def put_entry(key: str, body: PutBody) -> PutOut:
+        _check_key(key)
+        vec = _embedding(body, dim)
+        if body.embed_text is not None:
+            if vec is not None:
+                raise _problem(422, "give embed_text or an embedding, not both")
+            text = _check_text(body.embed_text, "embed_text", settings.max_text_chars)
+            vec = (await embed_texts([text]))[0]
+        blob = _encode_value(body, settings.max_value_bytes)
+        meta = EntryMeta(
+            key=key,
+            kind=body.kind,
+            model=body.model,
+            embedding=vec,
+            similarity_tolerance=(
+                settings.default_similarity_tolerance
+                if body.similarity_tolerance is None
+                else body.similarity_tolerance
+            ),
+            ttl_hint_ms=body.ttl_hint_ms,
+            trace_id=body.trace_id,
+            context_dependency_ids=tuple(body.context_dependency_ids),
+            semantic_tags=dict(body.semantic_tags),
+        )
+        return await _put(cache, meta, blob, body.invalidate_threshold)
+
+    @v1.delete("/entries/{key:path}", response_model=DeleteOut, summary="Delete everywhere")
+    async def delete_entry(key: str) -> DeleteOut:
+        _check_key(key)
+        return DeleteOut(key=key, deleted=await cache.delete(key))
+
+    @v1.get(
+        "/values/{key:path}",
+        summary="The value in the LLM-aware binary encoding (header + raw payload)",
+        responses={200: {"content": {VALUE_MEDIA_TYPE: {}}}, 404: {"description": "miss"}},
+    )
+    async def get_value(key: str, model: Annotated[str | None, Query()] = None) -> Response:
+        _check_key(key)
+        result = await cache.get(key, model=model)
+        if result.entry is None:
+            return Response(status_code=404)
+        headers = {"X-Cachemesh-Tier": str(result.tier)}
+        if result.peer is not None:
+            headers["X-Cachemesh-Peer"] = result.peer
+        return Response(result.entry.blob, media_type=VALUE_MEDIA_TYPE, headers=headers)
+
+    @v1.put(
+        "/values/{key:path}",
+        response_model=PutOut,
+        status_code=201,
+        summary="Write a value already in the binary encoding (kind and model come from its header)",
+        openapi_extra={"requestBody": {"content": {VALUE_MEDIA_TYPE: {}}, "required": True}},
+    )
+    async def put_value(
+        key: str,
+        request: Request,
+        ttl_hint_ms: Annotated[int | None, Query(gt=0)] = None,
+        trace_id: Annotated[str | None, Query(min_length=1, max_length=MAX_KEY_CHARS)] = None,
+        similarity_tolerance: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
+    ) -> PutOut:
+        _check_key(key)
+        blob = await request.body()
+        if len(blob) > settings.max_value_bytes:
+            raise _problem(413, f"value of {len(blob)} bytes; the limit is {settings.max_value_bytes}")
+        try:
+            header = decode_value(blob).header
+        except codec.CodecError as exc:
+            raise _problem(422, f"not a cachemesh value: {exc}") from None
+        meta = EntryMeta(
+            key=key,
+            kind=header.kind,
+            model=header.model or "unknown",
+            similarity_tolerance=(
+                settings.default_similarity_tolerance
+                if similarity_tolerance is None
+                else similarity_tolerance
+            ),
+            ttl_hint_ms=ttl_hint_ms,
+            trace_id=trace_id,
+        )
+        return await _put(cache, meta, bytes(blob))
+
+    @v1.get("/stats", summary="Tier sizes, hit rates (remote L2 too), breaker state, event queues")
+    async def stats() -> dict[str, Any]:
+        report = cache.stats()
+        report["embedder"] = embedder.health() if embedder is not None else None
+        return report
+
+    app.include_router(v1)
+    _document_bearer(app)
+    app.add_middleware(LookupFastPath, one=lookup_one, many=lookup_many)
+    if token is not None:
+        app.add_middleware(BearerAuth, token=token)  # added last: it runs first
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, Any]:
+        return {"healthy": True, "degraded": cache.degraded, "l2_blocks": cache.l2_address}
+
+    return app
+
+
+class BearerAuth:
+    """Every /v1 request needs `Authorization: Bearer <token>` (constant-time compare). Plain ASGI: on
+    the lookup path a FastAPI dependency costs more than the lookup."""
+
+    def __init__(self, app: ASGIApp, token: bytes) -> None:
+        self.app = app
+        self.expected = b"bearer " + token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+            scheme, _, credentials = given.partition(b" ")
+            if not hmac.compare_digest(scheme.lower() + b" " + credentials.strip(), self.expected):
+                response = JSONResponse(
+                    {"detail": "missing or wrong bearer token"},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class LookupFastPath:
+    """Answers POST /v1/lookup and /v1/lookup/batch without FastAPI's routing and dependency machinery
+    (on this path it costs more than the lookup itself): the body is validated by pydantic straight
+    from JSON, errors come out as the routes' would. Everything else goes to the app."""
+
+    PATHS = ("/v1/lookup", "/v1/lookup/batch")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
+        many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self.app = app
+        self.one = one
+        self.many = many
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:  # the app-wide body limit wraps `receive` and answers 413 itself
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        try:
+            if scope["path"] == "/v1/lookup":
+                payload = await self.one(LookupBody.model_validate_json(body))
+            else:
+                payload = await self.many(BatchBody.model_validate_json(body))
+            response = _json(payload)
+        except ValidationError as exc:
+            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            response = _json({"detail": detail}, status_code=422)
+        except HTTPException as exc:
+            response = _json({"detail": exc.detail}, status_code=exc.status_code)
+        await response(scope, receive, send)
+
+
+def _document_bearer(app: FastAPI) -> None:
+    """Declare the bearer scheme on every /v1 operation in the OpenAPI document."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "HTTPBearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "required when CACHEMESH_TIERS_API_TOKEN is set",
+                }
+            }
+            for path, operations in schema["paths"].items():
+                if path.startswith("/v1/"):
+                    for operation in operations.values():
+                        operation["security"] = [{"HTTPBearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _check_key(key: str) -> None:
+    if not key:
+        raise _problem(422, "key is empty")
+    if len(key) > MAX_KEY_CHARS:
+        raise _problem(413, f"key has {len(key)} characters; the limit is {MAX_KEY_CHARS}")
+
+
+def _encode_value(body: PutBody, max_bytes: int) -> bytes:
+    value = body.value
+    if (value.text is None) == (value.tensor is None):
+        raise _problem(422, "value needs exactly one of text or tensor")
+    if value.text is not None:
+        size = len(value.text.encode())
+        if size > max_bytes:
+            raise _problem(413, f"value text is {size} bytes; the limit is {max_bytes}")
+        if body.kind != "prompt":
+            raise _problem(422, "a text value is a prompt answer: kind must be 'prompt'")
+        return encode_text(value.text, model=body.model)
+    assert value.tensor is not None
+    array, wire = _tensor(value.tensor, max_bytes)
+    lo, hi = body.layer_range
+    t0, t1 = body.token_range
+    if lo > hi or t0 > t1:
+        raise _problem(422, "layer_range and token_range must be [start, end] with start <= end")
+    try:
+        return encode_array(
+            array, kind=body.kind, model=body.model, layer_range=(lo, hi), token_range=(t0, t1), dtype=wire
+        )
+    except codec.CodecError as exc:
+        raise _problem(422, str(exc)) from None
+
+
+def openapi_document() -> dict[str, Any]:
+    """The OpenAPI document, built from an app over empty tiers (no servers needed)."""
+    from services.tiers.l1.cache import L1Cache
+    from services.tiers.l3.breaker import LatencyBreaker
+    from services.tiers.node.outbox import Outbox
+
+    settings = TiersSettings(api_token=None)
+    cache = TieredCache(
+        l1=L1Cache(dim=settings.embedding_dim, capacity_bytes=1 << 20, max_entries=16),
+        l2=None,
+        l3=None,
+        outbox=Outbox(clock=lambda: 0),
+        breaker=LatencyBreaker(clock=lambda: 0),
+        node_id="openapi",
+    )
+    return create_app(cache, settings).openapi()
+
+
+if __name__ == "__main__":
+    # `python -m services.tiers.edge.api > schemas/openapi/tiers.json` refreshes the published copy.
+    json.dump(openapi_document(), sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")

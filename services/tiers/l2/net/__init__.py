@@ -1,0 +1,1 @@
+"""The L2 network: block frames, the TCP transport, the RDMA adapter and the peer clients."""

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from policies.admission.sketch import FrequencySketch, stable_hash
+
+
+def test_stable_hash_is_process_independent_for_strings() -> None:
+    assert stable_hash("prompt:abc") == stable_hash("prompt:abc")
+    assert stable_hash("a") != stable_hash("b")
+    assert stable_hash(7, seed=1) != stable_hash(7, seed=2)
+
+
+def test_doorkeeper_absorbs_the_first_sighting() -> None:
+    sketch = FrequencySketch(64)
+    assert sketch.frequency("k") == 0
+    sketch.increment("k")
+    assert sketch.frequency("k") == 1  # doorkeeper only
+    sketch.increment("k")
+    assert sketch.frequency("k") == 2  # sketch 1 + doorkeeper
+
+
+def test_counts_saturate_at_15_plus_doorkeeper() -> None:
+    sketch = FrequencySketch(64)
+    for _ in range(40):
+        sketch.increment(1)
+    assert sketch.frequency(1) == 16
+
+
+def test_aging_halves_counts_and_clears_the_doorkeeper() -> None:
+    sketch = FrequencySketch(16, sample_factor=10)  # resets after 160 additions
+    for _ in range(9):
+        sketch.increment("hot")
+    before = sketch.frequency("hot")
+    for i in range(160):
+        sketch.increment(("cold", i))
+    assert sketch.resets >= 1
+    assert sketch.frequency("hot") <= before // 2
+
+
+def test_without_doorkeeper_first_sighting_counts() -> None:
+    sketch = FrequencySketch(64, doorkeeper=False)
+    sketch.increment("k")
+    assert sketch.frequency("k") == 1
