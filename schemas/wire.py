@@ -7,6 +7,7 @@ headers (the Kafka Connect convention), so a DLQ record is never larger than wha
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import ValidationError
@@ -33,6 +34,31 @@ DLQ_SOURCE_PARTITION = "dlq.source.partition"
 DLQ_SOURCE_OFFSET = "dlq.source.offset"
 DLQ_CONSUMER_GROUP = "dlq.consumer.group"
 DLQ_FAILED_AT_MS = "dlq.failed_at_ms"
+MAX_DLQ_REASON_CHARS = 1000
+
+
+def dead_letter_headers(
+    original: Sequence[tuple[str, bytes]] | None,
+    *,
+    kind: str,
+    reason: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    group: str,
+    failed_at_ms: int,
+) -> list[tuple[str, bytes]]:
+    """The headers of a dead-letter record: the original ones, then why and where it failed."""
+    return [
+        *(original or ()),
+        (DLQ_REASON, reason[:MAX_DLQ_REASON_CHARS].encode()),
+        (DLQ_KIND, kind.encode()),
+        (DLQ_SOURCE_TOPIC, topic.encode()),
+        (DLQ_SOURCE_PARTITION, str(partition).encode()),
+        (DLQ_SOURCE_OFFSET, str(offset).encode()),
+        (DLQ_CONSUMER_GROUP, group.encode()),
+        (DLQ_FAILED_AT_MS, str(failed_at_ms).encode()),
+    ]
 
 
 class DecodeError(ValueError):

@@ -45,14 +45,8 @@ from schemas.events import (
     WindowComputed,
 )
 from schemas.wire import (
-    DLQ_CONSUMER_GROUP,
-    DLQ_FAILED_AT_MS,
-    DLQ_KIND,
-    DLQ_REASON,
-    DLQ_SOURCE_OFFSET,
-    DLQ_SOURCE_PARTITION,
-    DLQ_SOURCE_TOPIC,
     DecodeError,
+    dead_letter_headers,
     decode,
     encode,
 )
@@ -442,16 +436,16 @@ class StreamsApp:
 
     async def _dead_letter(self, message: Any, kind: str, reason: str) -> None:
         topic_name = self.names.dlq(message.topic)
-        headers = list(message.headers or ())
-        headers += [
-            (DLQ_REASON, reason[:1000].encode()),
-            (DLQ_KIND, kind.encode()),
-            (DLQ_SOURCE_TOPIC, message.topic.encode()),
-            (DLQ_SOURCE_PARTITION, str(message.partition).encode()),
-            (DLQ_SOURCE_OFFSET, str(message.offset).encode()),
-            (DLQ_CONSUMER_GROUP, self.names.app_id.encode()),
-            (DLQ_FAILED_AT_MS, str(wall_ms()).encode()),
-        ]
+        headers = dead_letter_headers(
+            message.headers,
+            kind=kind,
+            reason=reason,
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            group=self.names.app_id,
+            failed_at_ms=wall_ms(),
+        )
         log.warning(
             "dead-lettered a record", extra={"topic": message.topic, "offset": message.offset, "kind": kind}
         )

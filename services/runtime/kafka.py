@@ -24,15 +24,9 @@ from aiokafka.errors import CommitFailedError, KafkaError
 from schemas.events import Event
 from schemas.topics import dlq_name, qualified
 from schemas.wire import (
-    DLQ_CONSUMER_GROUP,
-    DLQ_FAILED_AT_MS,
-    DLQ_KIND,
-    DLQ_REASON,
-    DLQ_SOURCE_OFFSET,
-    DLQ_SOURCE_PARTITION,
-    DLQ_SOURCE_TOPIC,
     DecodeError,
     FailureKind,
+    dead_letter_headers,
     decode,
     encode,
 )
@@ -46,7 +40,6 @@ _RECORD_OVERHEAD_BYTES = 16 * 1024
 # The producer's own request limit stays generous: `publish` bounds events itself, and a dead-letter
 # record must fit whatever the broker accepted in the first place.
 _MAX_REQUEST_BYTES = 16 * 1024 * 1024
-_MAX_REASON_CHARS = 1000
 
 
 class EventTooLarge(ValueError):
@@ -372,16 +365,16 @@ class EventConsumer:
     async def _dead_letter(
         self, record: ConsumerRecord[bytes, bytes], kind: FailureKind, reason: str
     ) -> None:
-        headers = list(record.headers or ())
-        headers += [
-            (DLQ_REASON, reason[:_MAX_REASON_CHARS].encode()),
-            (DLQ_KIND, kind.encode()),
-            (DLQ_SOURCE_TOPIC, record.topic.encode()),
-            (DLQ_SOURCE_PARTITION, str(record.partition).encode()),
-            (DLQ_SOURCE_OFFSET, str(record.offset).encode()),
-            (DLQ_CONSUMER_GROUP, self.group_id.encode()),
-            (DLQ_FAILED_AT_MS, str(time.time_ns() // 1_000_000).encode()),
-        ]
+        headers = dead_letter_headers(
+            record.headers,
+            kind=kind,
+            reason=reason,
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            group=self.group_id,
+            failed_at_ms=time.time_ns() // 1_000_000,
+        )
         log.warning(
             "dead-lettered a record",
             extra={"topic": record.topic, "offset": record.offset, "kind": kind, "reason": reason[:200]},
