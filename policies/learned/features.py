@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from policies.base import AccessMeta
+
 FEATURES: tuple[str, ...] = (
     "recency",
     "interval",
@@ -75,6 +77,38 @@ class EntryTable:
         self.cluster[s] = -1
         self.distance[s] = 0.0
         self.neighbour[s] = 0.0
+
+    def apply_meta(self, s: int, meta: AccessMeta, trace_ids: dict[str, int], now_ms: int) -> None:
+        """Record what an access says about slot `s`; `trace_ids` numbers conversations."""
+        if meta.attention_heat is not None:
+            self.attention[s] = min(max(meta.attention_heat, 0.0), 1.0)
+            self.has_attention[s] = True
+        if meta.trace_id is not None:
+            self.trace[s] = trace_ids.setdefault(meta.trace_id, len(trace_ids))
+        if meta.ttl_ms is not None:
+            self.ttl_ms[s] = meta.ttl_ms
+            self.inserted_ms[s] = now_ms
+        if meta.cluster is not None:
+            self.cluster[s] = meta.cluster
+
+    def neighbour_keep_alive(
+        self,
+        idx: np.ndarray,
+        raw: np.ndarray,
+        clusters: np.ndarray,
+        clustered: np.ndarray,
+        eff: np.ndarray,
+        tau: float,
+    ) -> np.ndarray:
+        """Each clustered entry inherits cluster heat * exp(-distance / tau) from its cluster's
+        hottest member (recorded in `neighbour`); returns `eff` raised to it."""
+        ids, inverse = np.unique(clusters[clustered], return_inverse=True)
+        hottest = np.zeros(len(ids), dtype=np.float32)
+        np.maximum.at(hottest, inverse, raw[clustered])
+        keep_alive = hottest[inverse] * np.exp(-self.distance[idx[clustered]] / tau)
+        self.neighbour[idx[clustered]] = keep_alive
+        eff[clustered] = np.maximum(eff[clustered], keep_alive)
+        return eff
 
     def features_one(
         self, s: int, now_tick: int, now_ms: int, alive: bool, resets: int = 0

@@ -22,13 +22,10 @@ Seed §1.2, DESIGN §1/§3. How a miss is decided:
    `cluster heat * exp(-distance / neighbour_tau)` from the hottest member of its cluster (kept
    alive), and a victim whose whole cluster is colder than `cold_cluster` takes its cluster along.
 5. Prefix chains (`AccessMeta.parent` set, e.g. KV blocks): the first such block retires the panel
-   (its experts know no chains). Leaves go before roots, as in a radix tree (a block is worthless
-   without its parent); an orphan block is never admitted; the victim is the leaf with the least
-   combined recency-frequency (LRFU, Lee et al., IEEE ToC 2001: CRF = sum over past accesses of
-   2^(-age / half-life), half-life `chain_half_life` (3) capacities of accesses, kept for evicted
-   blocks too). A shared prefix is traversed by every request that reuses it, so it accumulates CRF
-   and outlives the once-used tails below it. With `scorer="auto"` chains stay on the prior, where
-   the MLP lost on the Mooncake trace.
+   (its experts know no chains). Leaves go before roots, as in a radix tree; an orphan block is never
+   admitted; the victim is the leaf with the least combined recency-frequency (`chains.py`, LRFU,
+   half-life `chain_half_life` (3) capacities of accesses, kept for evicted blocks too). With
+   `scorer="auto"` chains stay on the prior, where the MLP lost on the Mooncake trace.
 6. Context lifecycle: entries bound to an ended trace_id are evicted (or, lazily, go first); TTLs
    expire entries the same way.
 Sizes are honoured (capacity in size units); the experts count entries, so with mixed sizes the
@@ -38,8 +35,6 @@ With `experts=()` there is no panel: the victim is always the coldest leaf by he
 
 from __future__ import annotations
 
-import heapq
-import math
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
@@ -50,6 +45,7 @@ import numpy as np
 from policies.adaptive.wtinylfu import WTinyLFU
 from policies.admission.sketch import FrequencySketch
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
+from policies.learned.chains import LeafQueue
 from policies.learned.features import N_FEATURES, EntryTable
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.panel import EXPERTS, ExpertPanel
@@ -133,8 +129,7 @@ class HeatPolicy(Policy):
         self.raw = np.zeros(slots, dtype=np.float32)
         self.eff = np.zeros(slots, dtype=np.float32)
         self.crf = np.zeros(slots, dtype=np.float64)  # combined recency-frequency at the last access
-        self._leaves: list[tuple[float, int, int]] = []  # (priority, serial, slot), lazily pruned
-        self._serial = 0
+        self._leaves = LeafQueue(self.table, self.crf, self._lambda, capacity)
         self._slot: dict[Hashable, int] = {}
         self._keys: list[Hashable | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
@@ -185,11 +180,11 @@ class HeatPolicy(Policy):
         t.last_tick[s] = self._tick
         t.hits[s] += 1
         if self._prefix_mode and t.children[s] == 0:
-            self._push_leaf(s)
+            self._leaves.push(s)
         t.freq[s] = self.sketch.frequency(key)
         t.freq_epoch[s] = self.sketch.resets
         if meta is not None:
-            self._apply_meta(s, meta)
+            self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         self._heard(key)
         self._consult(key, now_ms, meta)
         self._maybe_rescore(now_ms)
@@ -228,7 +223,7 @@ class HeatPolicy(Policy):
         if bypassed:
             self._foreign[s] = None
         if self._prefix_mode:
-            self._push_leaf(s)
+            self._leaves.push(s)
         return evicted
 
     def on_remove(self, key: Hashable) -> None:
@@ -399,7 +394,7 @@ class HeatPolicy(Policy):
         clusters = t.cluster[idx]
         clustered = clusters >= 0
         if clustered.any():
-            eff = self._neighbour_heat(idx, raw, clusters, clustered, eff)
+            eff = t.neighbour_keep_alive(idx, raw, clusters, clustered, eff, self.neighbour_tau)
         self.eff[idx] = eff
         for s in idx[~alive].tolist():
             self._doom(s, "context_ended")
@@ -429,7 +424,7 @@ class HeatPolicy(Policy):
             if t.children[s] == 0 and s != exclude:
                 return s
         if self._prefix_mode:
-            return self._least_leaf(exclude)
+            return self._leaves.least(exclude)
         foreign = self._foreign
         if foreign:
             if len(foreign) <= _SMALL_FOREIGN:
@@ -457,46 +452,7 @@ class HeatPolicy(Policy):
         self._foreign.clear()
         t = self.table
         for s in np.nonzero(t.used & (t.children == 0))[0].tolist():
-            self._push_leaf(s)
-
-    def _push_leaf(self, s: int) -> None:
-        """(Re)queue leaf `s` at its current priority: log2(CRF) + lambda * last access, which orders
-        leaves as CRF decayed to now does."""
-        priority = math.log2(float(self.crf[s])) + self._lambda * int(self.table.last_tick[s])
-        self._serial += 1
-        heapq.heappush(self._leaves, (priority, self._serial, s))
-        if len(self._leaves) > 4 * self.capacity + 64:
-            t = self.table
-            live = np.nonzero(t.used & (t.children == 0))[0].tolist()
-            self._leaves = []
-            for leaf in live:
-                self._serial += 1
-                p = math.log2(float(self.crf[leaf])) + self._lambda * int(t.last_tick[leaf])
-                self._leaves.append((p, self._serial, leaf))
-            heapq.heapify(self._leaves)
-
-    def _least_leaf(self, exclude: int) -> int:
-        """The resident leaf with the least combined recency-frequency (not `exclude`)."""
-        t, heap = self.table, self._leaves
-        skipped: list[tuple[float, int, int]] = []
-        found = -1
-        while heap:
-            priority, _, s = heap[0]
-            if not t.used[s] or t.children[s] != 0:
-                heapq.heappop(heap)
-                continue
-            current = math.log2(float(self.crf[s])) + self._lambda * int(t.last_tick[s])
-            if current != priority:
-                heapq.heappop(heap)
-                continue
-            if s == exclude:
-                skipped.append(heapq.heappop(heap))
-                continue
-            found = s
-            break
-        for entry in skipped:
-            heapq.heappush(heap, entry)
-        return found
+            self._leaves.push(s)
 
     def _coldest_leaf(self, mask: np.ndarray, exclude: int) -> int:
         """The least heat over the leaves in `mask` (staged newcomers are not `used` yet)."""
@@ -559,18 +515,6 @@ class HeatPolicy(Policy):
             return np.ones(len(idx), dtype=bool)
         return ~np.isin(self.table.trace[idx], np.fromiter(self._ended, dtype=np.int64))
 
-    def _neighbour_heat(
-        self, idx: np.ndarray, raw: np.ndarray, clusters: np.ndarray, clustered: np.ndarray, eff: np.ndarray
-    ) -> np.ndarray:
-        t = self.table
-        ids, inverse = np.unique(clusters[clustered], return_inverse=True)
-        hottest = np.zeros(len(ids), dtype=np.float32)
-        np.maximum.at(hottest, inverse, raw[clustered])
-        keep_alive = hottest[inverse] * np.exp(-t.distance[idx[clustered]] / self.neighbour_tau)
-        t.neighbour[idx[clustered]] = keep_alive
-        eff[clustered] = np.maximum(eff[clustered], keep_alive)
-        return eff
-
     def _maybe_rescore(self, now_ms: int) -> None:
         if self._last_rescore_ms is None:
             self._last_rescore_ms = now_ms
@@ -578,19 +522,6 @@ class HeatPolicy(Policy):
             self.rescore(now_ms)
 
     # -- slot bookkeeping ------------------------------------------------------------------------
-
-    def _apply_meta(self, s: int, meta: AccessMeta) -> None:
-        t = self.table
-        if meta.attention_heat is not None:
-            t.attention[s] = min(max(meta.attention_heat, 0.0), 1.0)
-            t.has_attention[s] = True
-        if meta.trace_id is not None:
-            t.trace[s] = self._trace_ids.setdefault(meta.trace_id, len(self._trace_ids))
-        if meta.ttl_ms is not None:
-            t.ttl_ms[s] = meta.ttl_ms
-            t.inserted_ms[s] = self._now_ms
-        if meta.cluster is not None:
-            t.cluster[s] = meta.cluster
 
     def _stage(self, key: Hashable, size: int, parent: int, meta: AccessMeta | None) -> int:
         s = self._free.pop()
@@ -613,7 +544,7 @@ class HeatPolicy(Policy):
             t.depth[s] = t.depth[parent] + 1
             t.children[parent] += 1
         if meta is not None:
-            self._apply_meta(s, meta)
+            self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         attention = self._pending_attention.pop(key, None)
         if attention is not None:
             t.attention[s] = attention
@@ -664,4 +595,4 @@ class HeatPolicy(Policy):
         if parent >= 0:
             t.children[parent] -= 1
             if self._prefix_mode and t.children[parent] == 0:
-                self._push_leaf(parent)
+                self._leaves.push(parent)
