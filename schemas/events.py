@@ -324,6 +324,80 @@ class EvictionRequested(_TierCommand):
     type: Literal["tier.eviction_requested"] = "tier.eviction_requested"
 
 
+# --- warmup.records.v1 -------------------------------------------------------------------------
+
+WarmupSource = Literal["drift", "penetration", "conversation", "neighbours"]
+HeadClass = Literal["cold", "warm", "hot"]
+
+
+class WarmupDecided(Event):
+    """What the warmup service decided and why: `warm` (a command went out, `command_event_id`) or
+    `hold` (outside the QPS/entropy band, budget spent, no window yet; the reason says which)."""
+
+    topic: ClassVar[str] = "warmup.records.v1"
+    key_field: ClassVar[str] = "shard"
+    type: Literal["warmup.decided"] = "warmup.decided"
+
+    shard: Key = "*"
+    source: WarmupSource
+    action: Literal["warm", "hold"]
+    reason: Annotated[str, Field(max_length=1000)]
+    keys: Annotated[list[Key], Field(max_length=MAX_KEYS_PER_EVENT)]
+    node_id: Key = "*"
+    tier: Tier = "l1"
+    bytes: Annotated[int, Field(ge=0)] = 0
+    command_event_id: str | None = None
+    start_at_ms: Annotated[int, Field(ge=0)] | None = None
+    window_end_ms: Annotated[int, Field(ge=0)] | None = None
+    cluster_id: str | None = None
+    qps: Annotated[float, Field(ge=0.0)] | None = None
+    entropy_bits: Annotated[float, Field(ge=0.0)] | None = None
+    dropped_by_budget: Annotated[int, Field(ge=0)] = 0
+
+
+class WarmupMeasured(Event):
+    """Δt = t_peak - t_warm of one warmup (seed §2.5): >= 0 means the load landed before the peak."""
+
+    topic: ClassVar[str] = "warmup.records.v1"
+    key_field: ClassVar[str] = "shard"
+    type: Literal["warmup.measured"] = "warmup.measured"
+
+    shard: Key
+    t_warm_ms: Annotated[int, Field(ge=0)]
+    t_peak_ms: Annotated[int, Field(ge=0)]
+    delta_t_ms: int
+
+
+class WarmupApplied(Event):
+    """What a tier node did with a warmup or promotion command (one record per command)."""
+
+    topic: ClassVar[str] = "warmup.records.v1"
+    key_field: ClassVar[str] = "node_id"
+    type: Literal["warmup.applied"] = "warmup.applied"
+
+    node_id: Key
+    command_event_id: str
+    tier: Tier
+    loaded: Annotated[int, Field(ge=0)]
+    already_present: Annotated[int, Field(ge=0)] = 0
+    missing: Annotated[int, Field(ge=0)] = 0
+    from_peers: Annotated[int, Field(ge=0)] = 0
+    from_l3: Annotated[int, Field(ge=0)] = 0
+
+
+class ShardPlanned(Event):
+    """Head-heat sharding (seed §3.1): each attention head's score and class, for routing."""
+
+    topic: ClassVar[str] = "warmup.records.v1"
+    key_field: ClassVar[str] = "model"
+    type: Literal["warmup.shard_planned"] = "warmup.shard_planned"
+
+    model: Key
+    scores: Annotated[list[Score], Field(max_length=MAX_HEADS)]
+    classes: Annotated[list[HeadClass], Field(max_length=MAX_HEADS)]
+    steps: Annotated[int, Field(ge=0)]
+
+
 AnyEvent = Annotated[
     CacheAccessed
     | KvBlockStored
@@ -339,7 +413,11 @@ AnyEvent = Annotated[
     | DriftClustered
     | WarmupRequested
     | PromotionRequested
-    | EvictionRequested,
+    | EvictionRequested
+    | WarmupDecided
+    | WarmupMeasured
+    | WarmupApplied
+    | ShardPlanned,
     Field(discriminator="type"),
 ]
 
@@ -361,6 +439,10 @@ EVENT_TYPES: dict[str, type[Event]] = {
         WarmupRequested,
         PromotionRequested,
         EvictionRequested,
+        WarmupDecided,
+        WarmupMeasured,
+        WarmupApplied,
+        ShardPlanned,
     )
 }
 

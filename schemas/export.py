@@ -23,6 +23,10 @@ from schemas.events import (
     LatencySpikeDetected,
     PromotionRequested,
     RequestPenetrated,
+    ShardPlanned,
+    WarmupApplied,
+    WarmupDecided,
+    WarmupMeasured,
     WarmupRequested,
     WindowComputed,
 )
@@ -175,6 +179,47 @@ GOLDEN_EVENTS: tuple[Event, ...] = (
         event_id=_ID, occurred_at_ms=_T0, node_id="tiers-a", keys=["k1"], reason="hot", to_tier="l1"
     ),
     EvictionRequested(event_id=_ID, occurred_at_ms=_T0, node_id="*", keys=["k9"], reason="context_ended"),
+    WarmupDecided(
+        event_id=_ID,
+        occurred_at_ms=_T0,
+        shard="0",
+        source="drift",
+        action="warm",
+        reason="warm: qps 120.0 and entropy 3.10 bits inside the band; drift cluster c3 labelled pulse",
+        keys=["k1", "k2"],
+        node_id="*",
+        tier="l1",
+        bytes=32768,
+        command_event_id="0" * 31 + "2",
+        start_at_ms=_T0 + 240,
+        window_end_ms=_T0,
+        cluster_id="w1767225600000-c3",
+        qps=120.0,
+        entropy_bits=3.1,
+    ),
+    WarmupMeasured(
+        event_id=_ID, occurred_at_ms=_T0, shard="0", t_warm_ms=_T0, t_peak_ms=_T0 + 1000, delta_t_ms=1000
+    ),
+    WarmupApplied(
+        event_id=_ID,
+        occurred_at_ms=_T0,
+        node_id="tiers-a",
+        command_event_id="0" * 31 + "2",
+        tier="l1",
+        loaded=2,
+        already_present=1,
+        missing=0,
+        from_peers=0,
+        from_l3=2,
+    ),
+    ShardPlanned(
+        event_id=_ID,
+        occurred_at_ms=_T0,
+        model="llama-3-8b",
+        scores=[0.01, 0.45, 1.0],
+        classes=["cold", "warm", "hot"],
+        steps=64,
+    ),
 )
 
 

@@ -41,6 +41,7 @@ CATALOGUE: tuple[Topic, ...] = (
     Topic("stream.window.v1", "shard", 3, "delete", DAY_MS, "streams", "warmup, dashboards"),
     Topic("stream.drift.v1", "cluster id", 3, "delete", DAY_MS, "streams", "warmup, dashboards"),
     Topic("tier.commands.v1", "node id", 3, "delete", DAY_MS, "warmup, invalidation, heat", "tiers"),
+    Topic("warmup.records.v1", "shard / node id", 3, "delete", DAY_MS, "warmup, tiers", "dashboards, bench"),
 )
 
 DLQ_RETENTION_MS = 14 * DAY_MS

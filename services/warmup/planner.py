@@ -1,0 +1,414 @@
+"""What to warm, when, and where (DESIGN.md §3, seed §2.1, §2.5, §3.3): pure decisions from the events
+the warmup service hears, each carrying why (window, cluster, band, source).
+
+Sources of a warmup:
+- drift: the keys of a cluster labelled pulse or migrating (stream.drift.v1), inside the band;
+- penetration: the blocks that followed the penetrated prefix before (learned from kv.events.v1 parent
+  links: the most frequent child, `prefix_depth` deep), inside the band;
+- conversation: a conversation's KV blocks once it has been idle `turn_idle_ms` (between its turns), to
+  the node that serves it, so the next turn finds them in the fast tiers. This follows a conversation
+  that is known to go on, so it does not wait for the band (the band gates burst prediction);
+- neighbours: keys close to a key whose heat is rising (its drift cluster, and what the service finds
+  near its embedding), inside the band.
+A byte budget caps prefetching; a key warmed in the last `rewarm_after_ms` is not warmed again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from schemas.events import (
+    MAX_KEYS_PER_EVENT,
+    CacheAccessed,
+    ConversationEnded,
+    DriftClustered,
+    Event,
+    HeatScored,
+    KvBlockRemoved,
+    KvBlockStored,
+    RequestPenetrated,
+    Tier,
+    WarmupDecided,
+    WarmupMeasured,
+    WarmupRequested,
+    WindowComputed,
+)
+from services.warmup.budget import ByteBudget, WarmLedger
+from services.warmup.ftl import FtlModels
+from services.warmup.trigger import Band, DeltaT, LatencyQuantile, judge, warm_start_ms
+
+ALL_NODES = "*"
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerConfig:
+    band: Band = field(default_factory=Band)
+    tier: Tier = "l1"
+    conversation_tier: Tier = "l2"
+    budget_bytes_per_s: float = 64 * 1024 * 1024
+    default_entry_bytes: int = 16 * 1024
+    dependency_factor: float = 1.2
+    default_dependency_ms: float = 50.0
+    prefix_depth: int = 4
+    turn_idle_ms: int = 1_000
+    max_conversation_blocks: int = 256
+    rewarm_after_ms: int = 5_000
+    rising_heat: float = 0.2
+    ftl_batch: int = 200
+    peak_horizon_ms: int = 10_000
+    useful_within_ms: int = 60_000
+    max_tracked: int = 100_000
+
+
+class _Bounded(OrderedDict[str, V], Generic[V]):
+    """An insertion-ordered dict that forgets its oldest entries past `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def put(self, key: str, value: V) -> None:
+        self.pop(key, None)
+        self[key] = value
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+@dataclass(slots=True)
+class _Conversation:
+    node_id: str
+    blocks: OrderedDict[str, None]
+    last_ms: int
+    prefetched: bool = False
+
+
+@dataclass(slots=True)
+class _FtlBatch:
+    n: int = 0
+    misses: int = 0
+    latency_ms: float = 0.0
+
+
+class WarmupPlanner:
+    def __init__(self, config: PlannerConfig | None = None) -> None:
+        self.config = c = config or PlannerConfig()
+        self.budget = ByteBudget(c.budget_bytes_per_s)
+        self.ledger = WarmLedger(c.useful_within_ms, c.max_tracked)
+        self.delta_t = DeltaT(c.peak_horizon_ms)
+        self.dependency = LatencyQuantile()
+        self.ftl = FtlModels()
+        self.windows: dict[str, WindowComputed] = {}  # shard -> latest 1 s window of all models
+        self._sizes: _Bounded[int] = _Bounded(c.max_tracked)  # key -> size_bytes
+        self._nodes: _Bounded[str] = _Bounded(c.max_tracked)  # key -> node that served it last
+        self._children: _Bounded[Counter[str]] = _Bounded(c.max_tracked)  # parent block -> children
+        self._clusters: _Bounded[list[str]] = _Bounded(c.max_tracked)  # key -> its drift cluster
+        self._heat: _Bounded[float] = _Bounded(c.max_tracked)  # key -> last heat score
+        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        self._ftl_batches: dict[str, _FtlBatch] = {}
+        self.rising: list[tuple[str, int]] = []  # (key, event ms) whose neighbours the service looks up
+        self.commands = 0
+        self.held = 0
+        self.budget_dropped = 0
+
+    # -- what the planner hears ---------------------------------------------------------------
+
+    def apply(self, event: Event) -> list[Event]:
+        if isinstance(event, WindowComputed):
+            return self.on_window(event)
+        if isinstance(event, DriftClustered):
+            return self.on_drift(event)
+        if isinstance(event, RequestPenetrated):
+            return self.on_penetrated(event)
+        if isinstance(event, KvBlockStored):
+            self.on_block_stored(event)
+        elif isinstance(event, KvBlockRemoved):
+            self.ledger.evicted(event.block_hash)
+        elif isinstance(event, CacheAccessed):
+            self.on_access(event)
+        elif isinstance(event, HeatScored):
+            return self.on_heat(event)
+        elif isinstance(event, ConversationEnded):
+            self._conversations.pop(event.trace_id, None)
+        return []
+
+    def on_window(self, w: WindowComputed) -> list[Event]:
+        if w.window != "tumbling_1s" or w.model is not None:
+            return []
+        self.windows[w.shard] = w
+        if w.miss_latency_ms_p95 is not None:
+            self.dependency.observe(w.miss_latency_ms_p95)
+        return [
+            WarmupMeasured(
+                shard=s.shard,
+                t_warm_ms=s.t_warm_ms,
+                t_peak_ms=s.t_peak_ms,
+                delta_t_ms=s.delta_t_ms,
+                occurred_at_ms=w.occurred_at_ms,
+            )
+            for s in self.delta_t.window(w.shard, w.window_start_ms, w.window_end_ms, w.qps)
+        ]
+
+    def on_block_stored(self, e: KvBlockStored) -> None:
+        if e.size_bytes is not None:
+            self._sizes.put(e.block_hash, e.size_bytes)
+        if e.node_id is not None:
+            self._nodes.put(e.block_hash, e.node_id)
+        if e.parent_block_hash is not None:
+            children = self._children.get(e.parent_block_hash) or Counter()
+            children[e.block_hash] += 1
+            self._children.put(e.parent_block_hash, children)
+        if e.trace_id is not None:
+            self._touch_conversation(e.trace_id, e.block_hash, e.node_id, e.occurred_at_ms)
+
+    def on_access(self, e: CacheAccessed) -> None:
+        if e.node_id is not None:
+            self._nodes.put(e.key, e.node_id)
+        if e.size_bytes is not None:
+            self._sizes.put(e.key, e.size_bytes)
+        self.ledger.read(e.key)
+        if not e.hit:
+            self.dependency.observe(e.latency_ms)
+        if e.trace_id is not None and e.kind == "kv_block":
+            self._touch_conversation(e.trace_id, e.key, e.node_id, e.occurred_at_ms)
+        if e.model is not None:
+            self._observe_ftl(e.model, e.hit, e.latency_ms)
+
+    def _observe_ftl(self, model: str, hit: bool, latency_ms: float) -> None:
+        batch = self._ftl_batches.setdefault(model, _FtlBatch())
+        batch.n += 1
+        batch.misses += not hit
+        batch.latency_ms += latency_ms
+        if batch.n >= self.config.ftl_batch:
+            self.ftl.observe(model, batch.misses / batch.n, batch.latency_ms / batch.n)
+            self._ftl_batches[model] = _FtlBatch()
+
+    def _touch_conversation(self, trace_id: str, block: str, node_id: str | None, now_ms: int) -> None:
+        conv = self._conversations.pop(trace_id, None)
+        if conv is None:
+            conv = _Conversation(node_id or ALL_NODES, OrderedDict(), now_ms)
+        conv.blocks.pop(block, None)
+        conv.blocks[block] = None
+        while len(conv.blocks) > self.config.max_conversation_blocks:
+            conv.blocks.popitem(last=False)
+        if node_id is not None:
+            conv.node_id = node_id
+        conv.last_ms = max(conv.last_ms, now_ms)
+        conv.prefetched = False
+        self._conversations[trace_id] = conv
+        while len(self._conversations) > self.config.max_tracked:
+            self._conversations.popitem(last=False)
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def on_drift(self, d: DriftClustered) -> list[Event]:
+        for key in d.keys:
+            self._clusters.put(key, d.keys)
+        if d.pattern == "stable":
+            return []
+        why = f"drift cluster {d.cluster_id} labelled {d.pattern} in the window ending {d.window_end_ms}"
+        return self._predictive(
+            "drift", d.shard or ALL_NODES, d.keys, d.window_end_ms, why, cluster_id=d.cluster_id
+        )
+
+    def on_penetrated(self, p: RequestPenetrated) -> list[Event]:
+        chain = [p.key, *self._continuation(p.key)]
+        why = f"request {p.key} penetrated all three layers; {len(chain) - 1} blocks followed it before"
+        return self._predictive("penetration", p.shard, chain, p.occurred_at_ms, why)
+
+    def _continuation(self, key: str) -> list[str]:
+        out: list[str] = []
+        seen = {key}
+        for _ in range(self.config.prefix_depth):
+            children = self._children.get(key)
+            if not children:
+                break
+            key = children.most_common(1)[0][0]
+            if key in seen:
+                break
+            seen.add(key)
+            out.append(key)
+        return out
+
+    def on_heat(self, h: HeatScored) -> list[Event]:
+        previous = self._heat.get(h.key)
+        self._heat.put(h.key, h.score)
+        if previous is None or h.score - previous < self.config.rising_heat:
+            return []
+        self.rising.append((h.key, h.occurred_at_ms))
+        cluster = self._clusters.get(h.key)
+        if cluster is None:
+            return []
+        return self.neighbours_found(h.key, cluster, h.occurred_at_ms)
+
+    def neighbours_found(self, key: str, neighbours: Iterable[str], now_ms: int) -> list[Event]:
+        """Warm the neighbours of `key`, whose heat is rising (the service adds semantic ones)."""
+        keys = [k for k in neighbours if k != key]
+        why = f"heat of {key} is rising; {len(keys)} neighbours"
+        return self._predictive("neighbours", ALL_NODES, keys, now_ms, why) if keys else []
+
+    def tick(self, now_ms: int) -> list[Event]:
+        """Conversations idle for `turn_idle_ms`: bring their blocks up before the next turn."""
+        self.ledger.expire(now_ms)
+        out: list[Event] = []
+        for trace_id, conv in self._conversations.items():
+            if conv.prefetched or now_ms - conv.last_ms < self.config.turn_idle_ms:
+                continue
+            conv.prefetched = True
+            why = f"conversation {trace_id} idle {now_ms - conv.last_ms} ms between turns"
+            out += self._warm(
+                "conversation",
+                ALL_NODES,
+                list(conv.blocks),
+                now_ms,
+                now_ms,
+                why,
+                tier=self.config.conversation_tier,
+                node_id=conv.node_id,
+            )
+        return out
+
+    def _predictive(
+        self, source: str, shard: str, keys: list[str], at_ms: int, why: str, cluster_id: str | None = None
+    ) -> list[Event]:
+        window = self.windows.get(shard) or self.windows.get(ALL_NODES)
+        if window is None:
+            return [self._hold(source, shard, keys, at_ms, f"hold: no 1 s window yet for shard {shard}")]
+        verdict = judge(window.qps, window.entropy_bits, self.config.band)
+        if not verdict.warm:
+            return [self._hold(source, shard, keys, at_ms, f"{verdict.reason}; {why}", window, cluster_id)]
+        start = warm_start_ms(
+            at_ms,
+            self.dependency.value(self.config.default_dependency_ms),
+            self.config.dependency_factor,
+        )
+        out = self._warm(source, shard, keys, at_ms, start, f"{verdict.reason}; {why}", window, cluster_id)
+        if any(isinstance(e, WarmupRequested) for e in out):
+            self.delta_t.warmed(shard, start)
+        return out
+
+    def _hold(
+        self,
+        source: str,
+        shard: str,
+        keys: list[str],
+        at_ms: int,
+        reason: str,
+        window: WindowComputed | None = None,
+        cluster_id: str | None = None,
+    ) -> WarmupDecided:
+        self.held += 1
+        return WarmupDecided(
+            shard=shard,
+            source=source,  # type: ignore[arg-type]
+            action="hold",
+            reason=reason[:1000],
+            keys=keys[:MAX_KEYS_PER_EVENT],
+            qps=window.qps if window else None,
+            entropy_bits=window.entropy_bits if window else None,
+            window_end_ms=window.window_end_ms if window else None,
+            cluster_id=cluster_id,
+            occurred_at_ms=at_ms,
+        )
+
+    def _warm(
+        self,
+        source: str,
+        shard: str,
+        keys: list[str],
+        at_ms: int,
+        start_ms: int,
+        why: str,
+        window: WindowComputed | None = None,
+        cluster_id: str | None = None,
+        *,
+        tier: Tier | None = None,
+        node_id: str | None = None,
+    ) -> list[Event]:
+        c = self.config
+        fresh = [k for k in dict.fromkeys(keys) if not self._recently_warmed(k, at_ms)]
+        if not fresh:
+            return []
+        sizes = [self._size(k) for k in fresh]
+        n = self.budget.take(sizes, at_ms)
+        dropped = len(fresh) - n
+        self.budget_dropped += dropped
+        fresh, sizes = fresh[:n], sizes[:n]
+        if not fresh:
+            return [self._hold(source, shard, keys, at_ms, f"hold: prefetch budget spent; {why}", window)]
+        by_node: dict[str, list[str]] = {}
+        for k in fresh:
+            target = node_id or self._node(k)
+            by_node.setdefault(target, []).append(k)
+        out: list[Event] = []
+        for target, group in by_node.items():
+            for i in range(0, len(group), MAX_KEYS_PER_EVENT):
+                chunk = group[i : i + MAX_KEYS_PER_EVENT]
+                command = WarmupRequested(
+                    node_id=target,
+                    keys=chunk,
+                    tier=tier or c.tier,
+                    reason=f"{source}: {why}"[:1000],
+                    start_at_ms=start_ms,
+                    deadline_ms=start_ms + c.peak_horizon_ms,
+                    occurred_at_ms=at_ms,
+                )
+                self.commands += 1
+                out.append(command)
+                chunk_bytes = 0
+                for k in chunk:
+                    size = self._size(k)
+                    chunk_bytes += size
+                    self.ledger.warmed(k, at_ms, source, size)
+                out.append(
+                    WarmupDecided(
+                        shard=shard,
+                        source=source,  # type: ignore[arg-type]
+                        action="warm",
+                        reason=why[:1000],
+                        keys=chunk,
+                        node_id=target,
+                        tier=command.tier,
+                        bytes=chunk_bytes,
+                        command_event_id=command.event_id,
+                        start_at_ms=start_ms,
+                        qps=window.qps if window else None,
+                        entropy_bits=window.entropy_bits if window else None,
+                        window_end_ms=window.window_end_ms if window else None,
+                        cluster_id=cluster_id,
+                        dropped_by_budget=dropped,
+                        occurred_at_ms=at_ms,
+                    )
+                )
+        return out
+
+    def _recently_warmed(self, key: str, now_ms: int) -> bool:
+        at = self.ledger.warmed_at(key)
+        return at is not None and now_ms - at < self.config.rewarm_after_ms
+
+    def _size(self, key: str) -> int:
+        return self._sizes.get(key, self.config.default_entry_bytes)
+
+    def _node(self, key: str) -> str:
+        return self._nodes.get(key, ALL_NODES)
+
+    def stats(self) -> dict[str, object]:
+        o = self.ledger.outcomes
+        return {
+            "commands": self.commands,
+            "held": self.held,
+            "budget_dropped": self.budget_dropped,
+            "bytes_warmed": self.ledger.bytes_warmed,
+            "useful": o.useful,
+            "wasted_evicted": o.wasted_evicted,
+            "wasted_unread": o.wasted_unread,
+            "wasted_share": round(o.wasted_share(), 4),
+            "conversations": len(self._conversations),
+            "ftl": {
+                m: dict(zip(("base_ms", "delta_ms"), f.params(), strict=True))
+                for m, f in self.ftl.fits.items()
+            },
+        }

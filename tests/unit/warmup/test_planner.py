@@ -1,0 +1,186 @@
+"""The warmup planner: what it warms, when it holds, where commands go, budget and waste."""
+
+from __future__ import annotations
+
+from schemas.events import (
+    CacheAccessed,
+    ConversationEnded,
+    DriftClustered,
+    HeatScored,
+    KvBlockRemoved,
+    KvBlockStored,
+    RequestPenetrated,
+    WarmupDecided,
+    WarmupMeasured,
+    WarmupRequested,
+    WindowComputed,
+)
+from services.warmup.planner import PlannerConfig, WarmupPlanner
+
+T = 1_767_225_600_000
+
+
+def window(
+    shard: str, start: int, qps: float, entropy: float = 3.0, p95: float | None = None
+) -> WindowComputed:
+    return WindowComputed(
+        shard=shard,
+        window="tumbling_1s",
+        window_start_ms=start,
+        window_end_ms=start + 1000,
+        requests=int(qps),
+        qps=qps,
+        entropy_bits=entropy,
+        hit_rate=0.5,
+        miss_latency_ms_p95=p95,
+        occurred_at_ms=start + 1000,
+    )
+
+
+def drift(keys: list[str], pattern: str = "pulse", shard: str = "s0", at: int = T) -> DriftClustered:
+    return DriftClustered(
+        cluster_id="c1",
+        pattern=pattern,  # type: ignore[arg-type]
+        window_end_ms=at,
+        keys=keys,
+        size=len(keys),
+        duration_ms=4000,
+        variance=0.5,
+        service_spread=0.1,
+        shard=shard,
+        occurred_at_ms=at,
+    )
+
+
+def commands(out: list) -> list[WarmupRequested]:  # type: ignore[type-arg]
+    return [e for e in out if isinstance(e, WarmupRequested)]
+
+
+def records(out: list) -> list[WarmupDecided]:  # type: ignore[type-arg]
+    return [e for e in out if isinstance(e, WarmupDecided)]
+
+
+def test_a_pulse_inside_the_band_warms_its_keys_and_says_why() -> None:
+    p = WarmupPlanner()
+    p.apply(window("s0", T - 1000, 120, p95=100))
+    out = p.apply(drift(["a", "b", "c"]))
+    [cmd] = commands(out)
+    assert cmd.keys == ["a", "b", "c"] and cmd.tier == "l1" and cmd.node_id == "*"
+    assert cmd.start_at_ms == T + 120  # request time + 1.2 x P95 (100 ms)
+    assert "pulse" in (cmd.reason or "") and "inside the band" in (cmd.reason or "")
+    [rec] = records(out)
+    assert rec.action == "warm" and rec.command_event_id == cmd.event_id and rec.cluster_id == "c1"
+    assert rec.qps == 120 and rec.window_end_ms == T
+
+
+def test_outside_the_band_it_holds_with_the_reason_and_stable_clusters_do_nothing() -> None:
+    p = WarmupPlanner()
+    assert [r.reason for r in records(p.apply(drift(["a"])))] == ["hold: no 1 s window yet for shard s0"]
+    p.apply(window("s0", T - 1000, 300))
+    [hold] = p.apply(drift(["a"]))
+    assert isinstance(hold, WarmupDecided) and hold.action == "hold" and "too hot" in hold.reason
+    p.apply(window("s0", T, 100, entropy=1.0))
+    assert "entropy 1.00" in records(p.apply(drift(["a"], pattern="migrating")))[0].reason
+    assert p.apply(drift(["a"], pattern="stable")) == []
+    assert p.commands == 0 and p.held == 3
+
+
+def test_commands_go_to_the_nodes_that_served_the_keys() -> None:
+    p = WarmupPlanner()
+    p.apply(window("s0", T - 1000, 100))
+    p.apply(CacheAccessed(key="a", hit=False, node_id="n1", occurred_at_ms=T - 10))
+    p.apply(CacheAccessed(key="b", hit=False, node_id="n2", occurred_at_ms=T - 10))
+    out = commands(p.apply(drift(["a", "b", "c"])))
+    assert {c.node_id: c.keys for c in out} == {"n1": ["a"], "n2": ["b"], "*": ["c"]}
+
+
+def test_a_penetrated_prefix_warms_the_blocks_that_followed_it() -> None:
+    p = WarmupPlanner(PlannerConfig(prefix_depth=3))
+    p.apply(window("s0", T - 1000, 100))
+    for parent, child, times in [
+        ("b0", "b1", 3),
+        ("b1", "b2", 3),
+        ("b1", "x", 1),
+        ("b2", "b3", 2),
+        ("b3", "b4", 1),
+    ]:
+        for _ in range(times):
+            p.apply(KvBlockStored(block_hash=child, parent_block_hash=parent, size_bytes=4096))
+    [cmd] = commands(p.apply(RequestPenetrated(shard="s0", key="b0", occurred_at_ms=T)))
+    assert cmd.keys == ["b0", "b1", "b2", "b3"]
+    assert "3 blocks followed it" in (cmd.reason or "")
+
+
+def test_a_conversation_idle_between_turns_gets_its_blocks_on_its_node_once() -> None:
+    p = WarmupPlanner(PlannerConfig(turn_idle_ms=1000))
+    for i in range(3):
+        p.apply(KvBlockStored(block_hash=f"k{i}", trace_id="conv", node_id="n7", occurred_at_ms=T + i))
+    assert p.tick(T + 500) == []
+    [cmd] = commands(p.tick(T + 1500))
+    assert cmd.keys == ["k0", "k1", "k2"] and cmd.node_id == "n7" and cmd.tier == "l2"
+    assert "between turns" in (cmd.reason or "")
+    assert p.tick(T + 3000) == []  # once per turn
+    # A new turn, then idle again: prefetched again (the rewarm guard has passed by then).
+    p.apply(CacheAccessed(key="k3", hit=True, kind="kv_block", trace_id="conv", occurred_at_ms=T + 9000))
+    assert commands(p.tick(T + 10_500))[0].keys == ["k0", "k1", "k2", "k3"]
+    p.apply(CacheAccessed(key="k4", hit=True, kind="kv_block", trace_id="conv", occurred_at_ms=T + 20_000))
+    p.apply(ConversationEnded(trace_id="conv", occurred_at_ms=T + 20_001))
+    assert p.tick(T + 30_000) == []
+
+
+def test_a_key_warmed_recently_is_not_warmed_twice_and_the_budget_caps_bytes() -> None:
+    p = WarmupPlanner(
+        PlannerConfig(budget_bytes_per_s=10_000, default_entry_bytes=4_000, rewarm_after_ms=5_000)
+    )
+    p.apply(window("s0", T - 1000, 100))
+    first = commands(p.apply(drift(["a", "b", "c"])))
+    assert first[0].keys == ["a", "b"]  # 8,000 of 10,000 bytes; "c" would overrun
+    assert p.budget_dropped == 1
+    assert commands(p.apply(drift(["a", "b"], at=T + 100))) == []
+    later = commands(p.apply(drift(["a", "c"], at=T + 1000)))
+    assert later[0].keys == ["c"]  # refilled by 1 s of budget; "a" is still fresh
+
+
+def test_useful_and_wasted_prefetches_are_counted() -> None:
+    p = WarmupPlanner(PlannerConfig(useful_within_ms=10_000))
+    p.apply(window("s0", T - 1000, 100))
+    p.apply(drift(["a", "b", "c"]))
+    p.apply(CacheAccessed(key="a", hit=True, occurred_at_ms=T + 200))
+    p.apply(KvBlockRemoved(block_hash="b", occurred_at_ms=T + 300))
+    p.tick(T + 20_000)
+    s = p.stats()
+    assert (s["useful"], s["wasted_evicted"], s["wasted_unread"]) == (1, 1, 1)
+    assert s["wasted_share"] == round(2 / 3, 4)
+
+
+def test_rising_heat_warms_the_cluster_neighbours_and_asks_for_semantic_ones() -> None:
+    p = WarmupPlanner()
+    p.apply(window("*", T - 1000, 100))
+    p.apply(drift(["h", "n1", "n2"], pattern="stable", shard="*"))
+    assert p.apply(HeatScored(key="h", score=0.2, decision="keep", occurred_at_ms=T)) == []
+    out = commands(p.apply(HeatScored(key="h", score=0.7, decision="keep", occurred_at_ms=T + 100)))
+    assert out[0].keys == ["n1", "n2"]
+    assert p.rising == [("h", T + 100)]
+    assert commands(p.neighbours_found("h", ["h", "s1"], T + 200))[0].keys == ["s1"]
+
+
+def test_delta_t_is_measured_against_the_peak_after_the_warmup() -> None:
+    p = WarmupPlanner(PlannerConfig(peak_horizon_ms=3000))
+    p.apply(window("s0", T - 1000, 60, p95=0))
+    cmd = commands(p.apply(drift(["a"])))[0]
+    measured = []
+    for i, q in enumerate([80, 190, 120, 90, 50]):
+        measured += [e for e in p.apply(window("s0", T + i * 1000, q)) if isinstance(e, WarmupMeasured)]
+    assert [(m.t_warm_ms, m.delta_t_ms) for m in measured] == [(cmd.start_at_ms, 1000)]
+
+
+def test_ftl_pairs_are_fitted_per_model_from_accesses() -> None:
+    p = WarmupPlanner(PlannerConfig(ftl_batch=100))
+    for m_rate, n_batches in [(0.1, 3), (0.5, 3)]:
+        for _ in range(n_batches):
+            misses = int(100 * m_rate)
+            for i in range(100):
+                hit = i >= misses
+                p.apply(CacheAccessed(key=f"k{i}", hit=hit, model="7b", latency_ms=100.0 if hit else 700.0))
+    base, delta = p.ftl.fits["7b"].params()
+    assert round(base) == 100 and round(delta) == 600
