@@ -31,9 +31,10 @@ from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder
 from services.tiers.l1.cache import L1Cache, monotonic_ms
 from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.net.frames import RdmaUnavailable
 from services.tiers.l2.net.peers import L2Peers
 from services.tiers.l2.net.rdma import PyverbsExporter, rdma_available
-from services.tiers.l2.net.transport import RdmaUnavailable, TcpBlockServer
+from services.tiers.l2.net.transport import TcpBlockServer
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.l3.store import PostgresL3Store

@@ -14,17 +14,16 @@ import pytest
 from services.tiers.codec import decode, encode
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l2.block_pool import BlockPool
-from services.tiers.l2.net.peers import L2Peers
-from services.tiers.l2.net.rdma import PyverbsExporter, RdmaBlockTransport, rdma_available
-from services.tiers.l2.net.transport import (
+from services.tiers.l2.net.frames import (
     FRAME_HEADER,
     ConnectionClosed,
     RemoteError,
     Status,
-    TcpBlockClient,
-    TcpBlockServer,
     decode_frame_header,
 )
+from services.tiers.l2.net.peers import L2Peers
+from services.tiers.l2.net.rdma import PyverbsExporter, RdmaBlockTransport, rdma_available
+from services.tiers.l2.net.transport import TcpBlockClient, TcpBlockServer
 from services.tiers.l2.store import L2Store
 from tests.integration.nodes import until
 from tests.unit.tiers.fakes import MemoryEndpoint, MemoryExporter, MemoryFabric

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.vector_index import ExactCosineIndex, normalize
 from services.tiers.l2.block_pool import BlockPool, PoolExhausted
-from services.tiers.l2.net.transport import BlockSpan, Located
+from services.tiers.l2.blocks import BlockSpan, Located
 
 
 @dataclass(slots=True)

@@ -13,14 +13,9 @@ import numpy.typing as npt
 from services.tiers.entry import Entry
 from services.tiers.l1.vector_index import normalize
 from services.tiers.l2.block_pool import BlockPool
-from services.tiers.l2.net.rdma import (
-    QpInfo,
-    RdmaEndpoint,
-    RdmaOp,
-    ServerHello,
-    decode_client_hello,
-    encode_server_hello,
-)
+from services.tiers.l2.net.frames import QpInfo, ServerHello, decode_client_hello, encode_server_hello
+from services.tiers.l2.net.rdma import RdmaEndpoint
+from services.tiers.l2.net.rdma_plan import RdmaOp
 from services.tiers.l3.store import L3Rejected, L3Store, SemanticMatch
 from services.tiers.node.tiered import RemoteHit, RemoteL2
 

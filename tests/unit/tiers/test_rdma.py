@@ -13,27 +13,26 @@ import pytest
 
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l2.block_pool import UNIT_BYTES, BlockPool
-from services.tiers.l2.net.rdma import (
+from services.tiers.l2.blocks import BlockSpan
+from services.tiers.l2.net.frames import (
     CLIENT_HELLO_BYTES,
     SERVER_HELLO_BYTES,
     ClientHello,
-    PyverbsEndpoint,
-    PyverbsExporter,
     QpInfo,
-    RdmaBlockTransport,
-    RdmaOp,
+    RdmaUnavailable,
+    RemoteError,
     ServerHello,
+    Status,
     decode_client_hello,
     decode_server_hello,
     encode_client_hello,
     encode_server_hello,
     gid_raw,
     gid_text,
-    plan,
-    rdma_available,
-    remote_address,
 )
-from services.tiers.l2.net.transport import BlockSpan, LocalBlockClient, RdmaUnavailable, RemoteError, Status
+from services.tiers.l2.net.rdma import PyverbsEndpoint, PyverbsExporter, RdmaBlockTransport, rdma_available
+from services.tiers.l2.net.rdma_plan import RdmaOp, plan, remote_address
+from services.tiers.l2.net.transport import LocalBlockClient
 from services.tiers.l2.store import L2Store
 from tests.unit.tiers.fakes import Clock, MemoryEndpoint, MemoryExporter, MemoryFabric
 

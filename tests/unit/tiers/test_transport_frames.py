@@ -10,26 +10,23 @@ import pytest
 
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l2.block_pool import BlockPool, BlockState
-from services.tiers.l2.net.transport import (
+from services.tiers.l2.blocks import BlockSpan, Located
+from services.tiers.l2.net.frames import (
     FRAME_HEADER,
     MAGIC,
-    BlockSpan,
     Frame,
     FrameTooLarge,
-    LocalBlockClient,
-    Located,
     Op,
     ProtocolError,
     RemoteError,
     Status,
-    answer,
-    authenticate,
     decode_frame_header,
     decode_located,
     encode_frame,
     encode_located,
-    handle_request,
 )
+from services.tiers.l2.net.handler import answer, authenticate, handle_request
+from services.tiers.l2.net.transport import LocalBlockClient
 from services.tiers.l2.store import L2Store
 
 

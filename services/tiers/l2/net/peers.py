@@ -20,13 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from services.tiers.entry import Entry
+from services.tiers.l2.blocks import Located
+from services.tiers.l2.net.frames import DEFAULT_MAX_FRAME_BYTES
 from services.tiers.l2.net.rdma import PyverbsEndpoint, RdmaBlockTransport
-from services.tiers.l2.net.transport import (
-    DEFAULT_MAX_FRAME_BYTES,
-    BlockTransport,
-    Located,
-    TcpBlockClient,
-)
+from services.tiers.l2.net.transport import BlockTransport, TcpBlockClient
 from services.tiers.node.tiered import RemoteHit, RemoteL2
 
 log = logging.getLogger(__name__)

@@ -2,13 +2,7 @@
 the TCP frame channel (transport.py), data moves by one-sided RDMA READ / WRITE against the peer's
 registered pool buffer, so the peer's CPU never touches a read.
 
-Handshake (op HELLO on the TCP channel)::
-
-    client -> server  "CMR1" | version u8 | flags u8 (bit 0: wants write) | QP info
-    server -> client  "CMR1" | version u8 | flags u8 (bit 0: writable)    | QP info
-                      | pool address u64 | rkey u32 | pool length u64
-    QP info           gid 16 B | qp_num u32 | psn u32 | lid u16 | path mtu u8 (ibv_mtu) | reserved u8
-
+The handshake (op HELLO) is encoded in `frames.py`; addresses and batches are planned in `rdma_plan.py`.
 The server registers its host-memory pool buffer as one memory region (remote read, and remote write
 only when served writable), creates one RC queue pair per HELLO and moves it to RTS with the client's
 QP info; the client moves its own to RTS with the answer. A block's remote address is
@@ -17,10 +11,9 @@ write is INFO (capacity), RDMA WRITE, then COMMIT (the server records the length
 INFO: FIND already gave the spans. Completions are polled from the CQ; a failed one leaves the queue
 pair in error, so the session is dropped and the next call shakes hands afresh.
 
-Everything pure here (message codecs, address arithmetic, batching, the op sequence over an
-`RdmaEndpoint`) is unit-tested with an in-memory endpoint. `PyverbsEndpoint` / `PyverbsExporter` import
-pyverbs lazily; without it or without a device they raise `RdmaUnavailable`. They have not run on an
-RDMA device yet (none here): their tests are marked `rdma`.
+The op sequence over an `RdmaEndpoint` is unit-tested with an in-memory endpoint. `PyverbsEndpoint` /
+`PyverbsExporter` import pyverbs lazily; without it or without a device they raise `RdmaUnavailable`.
+They have not run on an RDMA device yet (none here): their tests are marked `rdma`.
 """
 
 from __future__ import annotations
@@ -29,41 +22,40 @@ import asyncio
 import contextlib
 import logging
 import random
-import struct
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Self
 
 import numpy as np
 
-from services.tiers.l2.block_pool import UNIT_BYTES, BlockPool, PoolExhausted
-from services.tiers.l2.net.transport import (
-    DEFAULT_TIMEOUT_S,
-    BlockSpan,
-    BlockTransport,
-    FramedBlockClient,
-    Located,
+from services.tiers.l2.block_pool import BlockPool, PoolExhausted
+from services.tiers.l2.blocks import BlockSpan, Located
+from services.tiers.l2.net.frames import (
+    ClientHello,
+    QpInfo,
     RdmaUnavailable,
     RemoteError,
+    ServerHello,
     Status,
-    TcpBlockClient,
     TransportError,
+    decode_client_hello,
+    decode_server_hello,
+    encode_client_hello,
+    encode_server_hello,
+    gid_raw,
+    gid_text,
+)
+from services.tiers.l2.net.rdma_plan import RdmaOp, plan
+from services.tiers.l2.net.transport import (
+    DEFAULT_TIMEOUT_S,
+    BlockTransport,
+    FramedBlockClient,
+    TcpBlockClient,
 )
 
 log = logging.getLogger(__name__)
 
-HELLO_MAGIC = b"CMR1"
-HELLO_VERSION = 1
-_HEAD = struct.Struct("<4sBB")
-_QP = struct.Struct("<16sIIHBx")
-_REGION = struct.Struct("<QIQ")
-CLIENT_HELLO_BYTES = _HEAD.size + _QP.size
-SERVER_HELLO_BYTES = _HEAD.size + _QP.size + _REGION.size
-_FLAG_WRITE = 1
-MAX_PSN = (1 << 24) - 1  # packet sequence numbers and QP numbers are 24-bit
-MTU_ENUM = range(1, 6)  # IBV_MTU_256 .. IBV_MTU_4096
 DEFAULT_BOUNCE_BYTES = 1 << 20
 DEFAULT_DEPTH = 64  # work requests in flight on one queue pair
 RD_ATOMIC = 16  # outstanding RDMA READs per queue pair (clamped to the device's limit)
@@ -72,158 +64,6 @@ MIN_RNR_TIMER = 12
 TIMEOUT = 14
 RETRY_CNT = 7
 RNR_RETRY = 7
-
-
-# --- messages -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class QpInfo:
-    """What the other side needs to connect an RC queue pair to this one."""
-
-    gid: bytes  # 16 raw bytes; all zero where the port has no GID (InfiniBand without a GRH)
-    qp_num: int
-    psn: int
-    lid: int
-    mtu: int  # ibv_mtu: 1 = 256 B ... 5 = 4096 B
-
-    def __post_init__(self) -> None:
-        if len(self.gid) != 16:
-            raise ValueError(f"a GID is 16 bytes, got {len(self.gid)}")
-        if not 0 < self.qp_num <= MAX_PSN:
-            raise ValueError(f"QP number {self.qp_num} is not a 24-bit nonzero value")
-        if not 0 <= self.psn <= MAX_PSN:
-            raise ValueError(f"PSN {self.psn} is not 24-bit")
-        if not 0 <= self.lid <= 0xFFFF:
-            raise ValueError(f"LID {self.lid} is not 16-bit")
-        if self.mtu not in MTU_ENUM:
-            raise ValueError(f"path MTU {self.mtu} is not an ibv_mtu value (1-5)")
-
-    @property
-    def global_route(self) -> bool:
-        """RoCE (and routed InfiniBand) needs a GRH: address the peer by GID."""
-        return any(self.gid)
-
-
-@dataclass(frozen=True, slots=True)
-class ClientHello:
-    qp: QpInfo
-    write: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ServerHello:
-    qp: QpInfo
-    addr: int  # virtual address of the registered pool buffer
-    rkey: int
-    length: int
-    writable: bool
-
-
-def _encode_qp(qp: QpInfo) -> bytes:
-    return _QP.pack(qp.gid, qp.qp_num, qp.psn, qp.lid, qp.mtu)
-
-
-def _decode_head(raw: bytes, size: int, side: str) -> int:
-    if len(raw) != size:
-        raise ValueError(f"{side} HELLO is {size} bytes, got {len(raw)}")
-    magic, version, flags = _HEAD.unpack_from(raw)
-    if magic != HELLO_MAGIC:
-        raise ValueError(f"bad HELLO magic {magic!r}")
-    if version != HELLO_VERSION:
-        raise ValueError(f"HELLO version {version}; this node speaks {HELLO_VERSION}")
-    return int(flags)
-
-
-def encode_client_hello(hello: ClientHello) -> bytes:
-    flags = _FLAG_WRITE if hello.write else 0
-    return _HEAD.pack(HELLO_MAGIC, HELLO_VERSION, flags) + _encode_qp(hello.qp)
-
-
-def decode_client_hello(raw: bytes) -> ClientHello:
-    flags = _decode_head(raw, CLIENT_HELLO_BYTES, "client")
-    return ClientHello(QpInfo(*_QP.unpack_from(raw, _HEAD.size)), bool(flags & _FLAG_WRITE))
-
-
-def encode_server_hello(hello: ServerHello) -> bytes:
-    flags = _FLAG_WRITE if hello.writable else 0
-    return (
-        _HEAD.pack(HELLO_MAGIC, HELLO_VERSION, flags)
-        + _encode_qp(hello.qp)
-        + _REGION.pack(hello.addr, hello.rkey, hello.length)
-    )
-
-
-def decode_server_hello(raw: bytes) -> ServerHello:
-    flags = _decode_head(raw, SERVER_HELLO_BYTES, "server")
-    qp = QpInfo(*_QP.unpack_from(raw, _HEAD.size))
-    addr, rkey, length = _REGION.unpack_from(raw, _HEAD.size + _QP.size)
-    if length == 0 or length % UNIT_BYTES or addr + length > 1 << 64:
-        raise ValueError(f"server HELLO names a region of {length} bytes at {addr:#x}")
-    return ServerHello(qp, addr, rkey, length, bool(flags & _FLAG_WRITE))
-
-
-def gid_text(raw: bytes) -> str:
-    """16 GID bytes as pyverbs writes them: 'xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx:xxxx'."""
-    if len(raw) != 16:
-        raise ValueError(f"a GID is 16 bytes, got {len(raw)}")
-    return ":".join(raw[i : i + 2].hex() for i in range(0, 16, 2))
-
-
-def gid_raw(text: str) -> bytes:
-    raw = bytes.fromhex(text.replace(":", ""))
-    if len(raw) != 16:
-        raise ValueError(f"{text!r} is not a 16-byte GID")
-    return raw
-
-
-# --- address arithmetic and batching -------------------------------------------------------------
-
-
-def remote_address(region: ServerHello, block_id: int, nbytes: int, offset: int = 0) -> int:
-    """Where `nbytes` at `offset` of block `block_id` sit in the peer's registered pool."""
-    start = block_id * UNIT_BYTES + offset
-    if block_id < 0 or offset < 0 or nbytes < 0 or start + nbytes > region.length:
-        raise ValueError(
-            f"{nbytes} bytes at offset {offset} of block {block_id} fall outside the "
-            f"{region.length} byte pool"
-        )
-    return region.addr + start
-
-
-@dataclass(frozen=True, slots=True)
-class RdmaOp:
-    """One signalled work request: READ copies remote -> bounce buffer, WRITE bounce -> remote."""
-
-    wr_id: int
-    write: bool
-    local_offset: int
-    remote_addr: int
-    length: int
-
-
-def plan(
-    spans: Sequence[BlockSpan], region: ServerHello, *, bounce_bytes: int, depth: int, write: bool = False
-) -> list[list[RdmaOp]]:
-    """Batches of one-sided ops for `spans`, in order, laid back to back in the bounce buffer: each batch
-    fits the buffer and the send queue depth. Empty spans need no work request."""
-    batches: list[list[RdmaOp]] = []
-    batch: list[RdmaOp] = []
-    used = 0
-    for i, span in enumerate(spans):
-        if span.length > bounce_bytes:
-            raise ValueError(f"a {span.length} byte span does not fit the {bounce_bytes} byte bounce buffer")
-        if span.length == 0:
-            continue
-        if batch and (used + span.length > bounce_bytes or len(batch) == depth):
-            batches.append(batch)
-            batch, used = [], 0
-        addr = remote_address(region, span.block_id, span.length)
-        batch.append(RdmaOp(i, write, used, addr, span.length))
-        used += span.length
-    if batch:
-        batches.append(batch)
-    return batches
 
 
 # --- the endpoint port and the transport ---------------------------------------------------------

@@ -1,377 +1,51 @@
 """Reading and writing blocks in another node's L2 pool (DESIGN.md §1 L2): the `BlockTransport` port,
-its TCP adapter (asyncio streams, length-prefixed frames) that every node has, an in-process adapter over
-the same request handler, and the ops the pyverbs RDMA adapter (`rdma.py`) needs for its control channel.
-
-Frame (little-endian, request and response alike)::
-
-    magic "CMB1" | op u8 | status u8 | reserved u16 | request_id u32 | block_id u64 | payload_len u32
-    payload (payload_len bytes, at most max_frame_bytes)
+its TCP adapter (asyncio streams carrying the frames of `frames.py`) that every node has, and an
+in-process adapter over the same request handler (`handler.py`); the pyverbs RDMA adapter (`rdma.py`)
+uses the framed client as its control channel.
 
 Requests on one connection are answered in order; `exchange` pipelines them (in chunks, so neither side
-blocks writing while the other is not reading). A response with a nonzero status carries a utf-8 error
-message as payload. Ops and their payloads:
-
-    READ      -> the block's written bytes
-    WRITE     bytes at offset 0                     (refused by a read-only server)
-    ALLOCATE  size u32 -> block_id                  (refused by a read-only server)
-    FREE / ACQUIRE / RELEASE                        (refused by a read-only server)
-    FIND      key utf-8 (<= 512 chars) -> `Located`: the entry's block spans, size, crc32 and descriptor
-              (NOT_FOUND when the node's L2 does not hold the key; UNSUPPORTED without a key directory)
-    INFO      -> capacity u32 | length u32 | state u8 | pad 3 | refcount i32
-    COMMIT    offset u32 | nbytes u32: a one-sided RDMA WRITE put these bytes into the block
-    HELLO     RDMA handshake (rdma.py encodes both sides); UNSUPPORTED without an RDMA device
-    AUTH      the mesh token (the tier node's `api_token`). A server with a token answers every other op
-              UNAUTHORIZED, and hangs up, until the connection has sent it; a wrong token is answered
-              UNAUTHORIZED and the connection is closed. A server without a token accepts any AUTH.
+blocks writing while the other is not reading).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
-import json
-import struct
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import IntEnum
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
-import numpy as np
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.blocks import BlockSpan, Located
+from services.tiers.l2.net.frames import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FRAME_HEADER,
+    BlockExtent,
+    ConnectionClosed,
+    Frame,
+    FrameTooLarge,
+    Op,
+    ProtocolError,
+    RemoteError,
+    Request,
+    Status,
+    check_payload,
+    decode_frame_header,
+    decode_info,
+    decode_located,
+    encode_allocate,
+    encode_commit,
+    encode_find_key,
+    encode_frame,
+    remote_error,
+)
+from services.tiers.l2.net.handler import KeyDirectory, RdmaExporter, answer, authenticate, unauthorized
 
-from schemas.events import MAX_EMBEDDING_DIM, MAX_KEY_CHARS
-from services.tiers.entry import EntryMeta
-from services.tiers.l2.block_pool import BlockPool, BlockState, BlockStateError, PoolExhausted
-
-MAGIC = b"CMB1"
-FRAME_HEADER = struct.Struct("<4sBBHIQI")
-DEFAULT_MAX_FRAME_BYTES = 1 << 20  # blocks are <= 2 KB; this bounds what a bad peer can make us buffer
 DEFAULT_TIMEOUT_S = 5.0
 # Requests written before their answers are read: bounds what either side buffers (64 x 2 KB reads).
 PIPELINE_DEPTH = 64
-_U32 = struct.Struct("<I")
-_COMMIT = struct.Struct("<II")
-_INFO = struct.Struct("<IIBxxxi")
-# FIND answer: nbytes u32 | crc32 u32 | spans u32 | descriptor_len u32, then spans (block u64, length
-# u32), the descriptor as JSON, and the embedding as little-endian float32 (absent when empty).
-_LOCATED = struct.Struct("<IIII")
-_SPAN = struct.Struct("<QI")
-MAX_SPANS = 4096
-MAX_DESCRIPTOR_BYTES = 64 * 1024
-_KINDS = ("prompt", "embedding", "kv_block")
-
-
-class Op(IntEnum):
-    READ = 1
-    WRITE = 2
-    ALLOCATE = 3
-    FREE = 4
-    ACQUIRE = 5
-    RELEASE = 6
-    FIND = 7
-    INFO = 8
-    COMMIT = 9
-    HELLO = 10
-    AUTH = 11
-
-
-# What a read-only server (a node sharing the pool its L2 owns) refuses.
-MUTATING_OPS = frozenset({Op.WRITE, Op.ALLOCATE, Op.FREE, Op.ACQUIRE, Op.RELEASE, Op.COMMIT})
-
-
-class Status(IntEnum):
-    OK = 0
-    BAD_REQUEST = 1
-    BLOCK_STATE = 2  # not a block, free, still referenced, ...
-    EXHAUSTED = 3
-    FRAME_TOO_LARGE = 4
-    INTERNAL = 5
-    NOT_FOUND = 6  # FIND: this pool holds no entry under the key
-    REFUSED = 7  # a mutating op on a read-only server
-    UNSUPPORTED = 8  # FIND without a key directory, HELLO without an RDMA device
-    UNAUTHORIZED = 9  # no AUTH, or a wrong token, on a server that requires one
-
-
-class TransportError(Exception):
-    """Base of everything a block transport raises."""
-
-
-class ProtocolError(TransportError):
-    """The peer sent bytes that are not a valid frame."""
-
-
-class FrameTooLarge(ProtocolError):
-    pass
-
-
-class ConnectionClosed(TransportError):
-    pass
-
-
-class RemoteError(TransportError):
-    """The remote pool refused the request; `status` says why."""
-
-    def __init__(self, status: Status, message: str) -> None:
-        super().__init__(f"{status.name}: {message}")
-        self.status = status
-        self.message = message
-
-
-class RdmaUnavailable(TransportError):
-    """pyverbs is missing or no RDMA device exists: use the TCP transport."""
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    op: Op
-    status: Status
-    request_id: int
-    block_id: int
-    payload: bytes = b""
-
-
-def encode_frame(frame: Frame) -> bytes:
-    return (
-        FRAME_HEADER.pack(
-            MAGIC, frame.op, frame.status, 0, frame.request_id, frame.block_id, len(frame.payload)
-        )
-        + frame.payload
-    )
-
-
-def decode_frame_header(raw: bytes, max_frame_bytes: int) -> tuple[Op, Status, int, int, int]:
-    """(op, status, request_id, block_id, payload_len) from a frame header, validated."""
-    if len(raw) != FRAME_HEADER.size:
-        raise ProtocolError(f"frame header is {FRAME_HEADER.size} bytes, got {len(raw)}")
-    magic, op, status, _, request_id, block_id, payload_len = FRAME_HEADER.unpack(raw)
-    if magic != MAGIC:
-        raise ProtocolError(f"bad frame magic {magic!r}")
-    try:
-        op_, status_ = Op(op), Status(status)
-    except ValueError as exc:
-        raise ProtocolError(str(exc)) from None
-    if payload_len > max_frame_bytes:
-        raise FrameTooLarge(f"frame payload {payload_len} bytes exceeds the limit of {max_frame_bytes}")
-    return op_, status_, request_id, block_id, payload_len
-
-
-# --- FIND: where an entry's value lies ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class BlockSpan:
-    """One block of a value and how many of its bytes the value uses."""
-
-    block_id: int
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class Located:
-    """An entry in a remote pool: its blocks in order, its size and crc32 (what a reader checks the
-    gathered bytes against: blocks may be freed and reused between FIND and READ), and its facts."""
-
-    meta: EntryMeta
-    spans: tuple[BlockSpan, ...]
-    nbytes: int
-    crc32: int
-
-
-class KeyDirectory(Protocol):
-    """What a block server consults for FIND (the node's L2 store)."""
-
-    def locate(self, key: str) -> Located | None: ...
-
-
-def encode_located(loc: Located) -> bytes:
-    meta = json.dumps(loc.meta.as_dict(), separators=(",", ":")).encode()
-    emb = b"" if loc.meta.embedding is None else np.asarray(loc.meta.embedding, dtype="<f4").tobytes()
-    spans = b"".join(_SPAN.pack(s.block_id, s.length) for s in loc.spans)
-    return _LOCATED.pack(loc.nbytes, loc.crc32, len(loc.spans), len(meta)) + spans + meta + emb
-
-
-def decode_located(payload: bytes) -> Located:
-    """A FIND answer, validated: counts and lengths bounded and consistent, the descriptor well formed."""
-    if len(payload) < _LOCATED.size:
-        raise ProtocolError(f"FIND answer of {len(payload)} bytes is shorter than its header")
-    nbytes, crc32, n_spans, meta_len = _LOCATED.unpack_from(payload)
-    if n_spans > MAX_SPANS or meta_len > MAX_DESCRIPTOR_BYTES:
-        raise ProtocolError(f"FIND answer claims {n_spans} spans and a {meta_len} byte descriptor")
-    at = _LOCATED.size + n_spans * _SPAN.size
-    if len(payload) < at + meta_len:
-        raise ProtocolError(f"FIND answer of {len(payload)} bytes is shorter than it claims")
-    spans = tuple(
-        BlockSpan(*_SPAN.unpack_from(payload, _LOCATED.size + i * _SPAN.size)) for i in range(n_spans)
-    )
-    if sum(s.length for s in spans) != nbytes:
-        raise ProtocolError(f"FIND spans hold {sum(s.length for s in spans)} bytes, the value {nbytes}")
-    emb_raw = payload[at + meta_len :]
-    if len(emb_raw) % 4 or len(emb_raw) > 4 * MAX_EMBEDDING_DIM:
-        raise ProtocolError(f"FIND embedding of {len(emb_raw)} bytes is not a float32 vector")
-    try:
-        d = json.loads(payload[at : at + meta_len])
-        if d["kind"] not in _KINDS:
-            raise ValueError(f"kind {d['kind']!r}")
-        meta = EntryMeta(
-            key=str(d["key"]),
-            kind=d["kind"],
-            model=str(d["model"]),
-            embedding=np.frombuffer(emb_raw, dtype="<f4").astype(np.float32) if emb_raw else None,
-            similarity_tolerance=float(d["similarity_tolerance"]),
-            ttl_hint_ms=None if d["ttl_hint_ms"] is None else int(d["ttl_hint_ms"]),
-            trace_id=None if d["trace_id"] is None else str(d["trace_id"]),
-            context_dependency_ids=tuple(str(x) for x in d["context_dependency_ids"]),
-            semantic_tags={str(k): str(v) for k, v in d["semantic_tags"].items()},
-            created_at_ms=int(d["created_at_ms"]),
-            updated_at_ms=int(d["updated_at_ms"]),
-            size_bytes=int(d["size_bytes"]),
-        )
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise ProtocolError(f"FIND descriptor is malformed: {exc!r}") from None
-    return Located(meta, spans, nbytes, crc32)
-
-
-@dataclass(frozen=True, slots=True)
-class BlockExtent:
-    """INFO: a block's capacity, written length, state and references (RDMA reads need the length)."""
-
-    block_id: int
-    capacity: int
-    length: int
-    state: BlockState
-    refcount: int
-
-
-# --- the server side, pure ----------------------------------------------------------------------
-
-
-def handle_request(
-    pool: BlockPool, req: Frame, *, directory: KeyDirectory | None = None, writable: bool = True
-) -> Frame:
-    """Apply one request to the pool; pure, so the server's semantics are testable without sockets.
-    HELLO is connection-scoped and answered by `answer`."""
-
-    def reply(status: Status = Status.OK, block_id: int = req.block_id, payload: bytes = b"") -> Frame:
-        return Frame(req.op, status, req.request_id, block_id, payload)
-
-    if not writable and req.op in MUTATING_OPS:
-        return reply(Status.REFUSED, payload=f"{req.op.name} refused: this pool is served read-only".encode())
-    try:
-        if req.op is Op.READ:
-            return reply(payload=pool.read_bytes(req.block_id))
-        if req.op is Op.FIND:
-            return _find(directory, req, reply)
-        if req.op is Op.INFO:
-            info = pool.info(req.block_id)
-            return reply(payload=_INFO.pack(info.capacity, info.length, info.state, info.refcount))
-        if req.op is Op.HELLO:
-            return reply(Status.UNSUPPORTED, payload=b"HELLO is answered per connection")
-        if req.op is Op.WRITE:
-            pool.write(req.block_id, req.payload)
-            return reply()
-        if req.op is Op.ALLOCATE:
-            if len(req.payload) != _U32.size:
-                return reply(Status.BAD_REQUEST, payload=b"ALLOCATE carries the size as u32")
-            return reply(block_id=pool.allocate(_U32.unpack(req.payload)[0]))
-        if req.op is Op.COMMIT:
-            if len(req.payload) != _COMMIT.size:
-                return reply(Status.BAD_REQUEST, payload=b"COMMIT carries offset and length as two u32")
-            pool.mark_written(req.block_id, *_COMMIT.unpack(req.payload))
-        elif req.op is Op.FREE:
-            pool.free(req.block_id)
-        elif req.op is Op.ACQUIRE:
-            pool.acquire(req.block_id)
-        elif req.op is Op.RELEASE:
-            pool.release(req.block_id)
-        return reply()
-    except BlockStateError as exc:
-        return reply(Status.BLOCK_STATE, payload=str(exc).encode())
-    except PoolExhausted as exc:
-        return reply(Status.EXHAUSTED, payload=str(exc).encode())
-    except ValueError as exc:
-        return reply(Status.BAD_REQUEST, payload=str(exc).encode())
-
-
-def _find(directory: KeyDirectory | None, req: Frame, reply: Callable[..., Frame]) -> Frame:
-    if directory is None:
-        return reply(Status.UNSUPPORTED, payload=b"this server has no key directory (no L2 store)")
-    try:
-        key = req.payload.decode()
-    except UnicodeDecodeError:
-        return reply(Status.BAD_REQUEST, payload=b"FIND carries the key as utf-8")
-    if not 0 < len(key) <= MAX_KEY_CHARS:
-        return reply(Status.BAD_REQUEST, payload=f"FIND key must be 1-{MAX_KEY_CHARS} characters".encode())
-    located = directory.locate(key)
-    if located is None:
-        return reply(Status.NOT_FOUND, payload=b"no entry under this key")
-    return reply(payload=encode_located(located))
-
-
-def authenticate(req: Frame, token: bytes | None) -> Frame:
-    """The answer to an AUTH frame: OK when the server needs no token or the token matches (compared
-    in constant time), UNAUTHORIZED otherwise. The token is never echoed."""
-    if token is None or hmac.compare_digest(req.payload, token):
-        return Frame(Op.AUTH, Status.OK, req.request_id, 0)
-    return Frame(Op.AUTH, Status.UNAUTHORIZED, req.request_id, 0, b"wrong token for this block server")
-
-
-def unauthorized(req: Frame) -> Frame:
-    """The answer to any other op before a required AUTH."""
-    return Frame(
-        req.op,
-        Status.UNAUTHORIZED,
-        req.request_id,
-        req.block_id,
-        b"this block server requires AUTH with the mesh token first",
-    )
-
-
-class RdmaExporter(Protocol):
-    """The server side of the RDMA handshake (rdma.py): takes a client's HELLO payload, sets up a queue
-    pair against the registered pool, returns the answer and a function that tears that pair down."""
-
-    def accept(self, hello: bytes) -> tuple[bytes, Callable[[], None]]: ...
-
-
-def answer(
-    pool: BlockPool,
-    req: Frame,
-    *,
-    directory: KeyDirectory | None = None,
-    writable: bool = True,
-    rdma: RdmaExporter | None = None,
-    sessions: list[Callable[[], None]] | None = None,
-) -> Frame:
-    """One request on one connection: HELLO opens an RDMA session (its teardown goes on `sessions`),
-    everything else goes to `handle_request`."""
-    if req.op is not Op.HELLO:
-        return handle_request(pool, req, directory=directory, writable=writable)
-
-    def reply(status: Status, message: bytes) -> Frame:
-        return Frame(req.op, status, req.request_id, 0, message)
-
-    if rdma is None:
-        return reply(Status.UNSUPPORTED, b"no RDMA device on this node: read over TCP")
-    if sessions is None:
-        return reply(Status.UNSUPPORTED, b"this channel cannot hold an RDMA session")
-    if sessions:
-        return reply(Status.BAD_REQUEST, b"one RDMA session per connection")
-    try:
-        payload, close = rdma.accept(req.payload)
-    except ValueError as exc:
-        return reply(Status.BAD_REQUEST, str(exc).encode())
-    except PoolExhausted as exc:
-        return reply(Status.EXHAUSTED, str(exc).encode())
-    except RdmaUnavailable as exc:
-        return reply(Status.UNSUPPORTED, str(exc).encode())
-    sessions.append(close)
-    return Frame(req.op, Status.OK, req.request_id, 0, payload)
-
-
-# --- the client side ----------------------------------------------------------------------------
 
 
 class BlockTransport(ABC):
@@ -438,9 +112,6 @@ def _join(spans: Sequence[BlockSpan], parts: Sequence[bytes]) -> bytes | None:
     return b"".join(p[: s.length] for s, p in zip(spans, parts, strict=True))
 
 
-Request = tuple[Op, int, bytes]
-
-
 class FramedBlockClient(BlockTransport):
     """Every block op as frames; subclasses carry them (`exchange`: answers in request order, a
     non-OK status returned as is, not raised)."""
@@ -454,7 +125,7 @@ class FramedBlockClient(BlockTransport):
         responses = await self.exchange(requests)
         for resp in responses:
             if resp.status is not Status.OK:
-                raise RemoteError(resp.status, resp.payload.decode(errors="replace"))
+                raise remote_error(resp)
         return responses
 
     async def read(self, block_id: int) -> bytes:
@@ -469,9 +140,7 @@ class FramedBlockClient(BlockTransport):
         await self._call([(Op.WRITE, block_id, bytes(data))])
 
     async def allocate(self, nbytes: int) -> int:
-        if not 0 <= nbytes <= 0xFFFFFFFF:
-            raise ValueError(f"cannot allocate {nbytes} bytes")
-        return (await self._call([(Op.ALLOCATE, 0, _U32.pack(nbytes))]))[0].block_id
+        return (await self._call([(Op.ALLOCATE, 0, encode_allocate(nbytes))]))[0].block_id
 
     async def free(self, block_id: int) -> None:
         await self._call([(Op.FREE, block_id, b"")])
@@ -486,11 +155,11 @@ class FramedBlockClient(BlockTransport):
         if not keys:
             return []
         out: list[Located | None] = []
-        for resp in await self.exchange([(Op.FIND, 0, k.encode()) for k in keys]):
+        for resp in await self.exchange([(Op.FIND, 0, encode_find_key(k)) for k in keys]):
             if resp.status is Status.NOT_FOUND:
                 out.append(None)
             elif resp.status is not Status.OK:
-                raise RemoteError(resp.status, resp.payload.decode(errors="replace"))
+                raise remote_error(resp)
             else:
                 out.append(decode_located(resp.payload))
         return out
@@ -499,19 +168,11 @@ class FramedBlockClient(BlockTransport):
         """INFO for each block, pipelined."""
         if not block_ids:
             return []
-        out = []
-        for b, resp in zip(block_ids, await self._call([(Op.INFO, b, b"") for b in block_ids]), strict=True):
-            if len(resp.payload) != _INFO.size:
-                raise ProtocolError(f"INFO answer of {len(resp.payload)} bytes, expected {_INFO.size}")
-            cap, length, state, refs = _INFO.unpack(resp.payload)
-            try:
-                out.append(BlockExtent(b, cap, length, BlockState(state), refs))
-            except ValueError:
-                raise ProtocolError(f"INFO answer with block state {state}") from None
-        return out
+        responses = await self._call([(Op.INFO, b, b"") for b in block_ids])
+        return [decode_info(b, resp.payload) for b, resp in zip(block_ids, responses, strict=True)]
 
     async def commit(self, block_id: int, offset: int, nbytes: int) -> None:
-        await self._call([(Op.COMMIT, block_id, _COMMIT.pack(offset, nbytes))])
+        await self._call([(Op.COMMIT, block_id, encode_commit(offset, nbytes))])
 
     async def hello(self, payload: bytes) -> bytes:
         return (await self._call([(Op.HELLO, 0, payload)]))[0].payload
@@ -526,7 +187,7 @@ class FramedBlockClient(BlockTransport):
             i += len(spans)
             bad = next((f for f in frames if f.status is not Status.OK), None)
             if bad is not None and bad.status is not Status.BLOCK_STATE:
-                raise RemoteError(bad.status, bad.payload.decode(errors="replace"))
+                raise remote_error(bad)
             out.append(None if bad is not None else _join(spans, [f.payload for f in frames]))
         return out
 
@@ -554,10 +215,7 @@ class LocalBlockClient(FramedBlockClient):
     async def exchange(self, requests: Sequence[Request]) -> list[Frame]:
         out = []
         for op, block_id, payload in requests:
-            if len(payload) > self.max_frame_bytes:
-                raise FrameTooLarge(
-                    f"payload {len(payload)} bytes exceeds the limit of {self.max_frame_bytes}"
-                )
+            check_payload(payload, self.max_frame_bytes)
             self._next_id = (self._next_id + 1) & 0xFFFFFFFF
             self.requests[op.name] += 1
             req = Frame(op, Status.OK, self._next_id, block_id, payload)
@@ -753,7 +411,7 @@ class TcpBlockClient(FramedBlockClient):
                 try:
                     (resp,) = await self._exchange_chunk([(Op.AUTH, 0, self._token)])
                     if resp.status is not Status.OK:
-                        raise RemoteError(resp.status, resp.payload.decode(errors="replace"))
+                        raise remote_error(resp)
                 except BaseException:
                     await self.close()
                     raise
@@ -771,10 +429,7 @@ class TcpBlockClient(FramedBlockClient):
 
     async def exchange(self, requests: Sequence[Request]) -> list[Frame]:
         for _, _, payload in requests:
-            if len(payload) > self.max_frame_bytes:
-                raise FrameTooLarge(
-                    f"payload {len(payload)} bytes exceeds the limit of {self.max_frame_bytes}"
-                )
+            check_payload(payload, self.max_frame_bytes)
         out: list[Frame] = []
         async with self._lock:
             await self.connect()
@@ -804,6 +459,6 @@ class TcpBlockClient(FramedBlockClient):
                 # handler closes the connection; the next call starts afresh.
                 if resp.status is Status.OK:
                     raise ProtocolError(f"response to request {resp.request_id}, expected {rid}")
-                raise RemoteError(resp.status, resp.payload.decode(errors="replace"))
+                raise remote_error(resp)
             out.append(resp)
         return out
