@@ -1,4 +1,5 @@
-"""Model checkpoints in Postgres (`model_fits`): each save is a new version, the latest is restored."""
+"""Model checkpoints in Postgres (`model_fits`): each save is a new version, the latest is restored.
+Any service that learns online keeps its fits here (heat: the torch MLP; warmup: FTL fits as JSON)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,12 @@ from services.runtime.postgres import Database
 
 class ModelStore(Protocol):
     async def save(
-        self, name: str, blob: bytes, params: dict[str, object], metrics: dict[str, object]
+        self,
+        name: str,
+        blob: bytes,
+        params: dict[str, object],
+        metrics: dict[str, object],
+        kind: str = "torch",
     ) -> int: ...
 
     async def latest(self, name: str) -> tuple[int, bytes] | None: ...
@@ -25,7 +31,12 @@ class PostgresModelStore:
         self._keep = keep_versions
 
     async def save(
-        self, name: str, blob: bytes, params: dict[str, object], metrics: dict[str, object]
+        self,
+        name: str,
+        blob: bytes,
+        params: dict[str, object],
+        metrics: dict[str, object],
+        kind: str = "torch",
     ) -> int:
         async def write(conn: asyncpg.Connection) -> int:
             # Serialise writers of the same model so versions never collide.
@@ -35,13 +46,14 @@ class PostgresModelStore:
             )
             await conn.execute(
                 "INSERT INTO model_fits (name, version, kind, params, blob, metrics, created_at_ms) "
-                "VALUES ($1, $2, 'torch', $3::jsonb, $4, $5::jsonb, $6)",
+                "VALUES ($1, $2, $7, $3::jsonb, $4, $5::jsonb, $6)",
                 name,
                 version,
                 json.dumps(params),
                 blob,
                 json.dumps(metrics),
                 time.time_ns() // 1_000_000,
+                kind,
             )
             await conn.execute(
                 "DELETE FROM model_fits WHERE name = $1 AND version <= $2", name, version - self._keep
