@@ -11,11 +11,11 @@ Tables live in faust's memory store and are rebuilt from their changelogs on sta
 the changelog partition the stage chose (the source partition, or the hand-off partition), so
 recovery puts every entry back where its owner reads it.
 
-Trace context: each record is handled inside a consumer span continuing its `traceparent`, and
-everything published from it (events, hand-off records) carries a child's. A window's trace is
-that of the hand-off record that closed it.
+Trace context: each record is handled in a consumer span continuing its `traceparent`, so what
+it publishes carries a child's. A tick's hand-off records share one trace, which the windows and
+clusters they close continue.
 
-Lifecycle, web pages and metrics: `streams/service.py`; faust's private parts: `faust_adapter.py`.
+Lifecycle: `streams/service.py`; pages: `streams/web.py`; faust's private parts: `faust_adapter.py`.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _headers(event: EventT) -> list[tuple[str, bytes]]:
 
 
 class StreamsApp:
-    """One faust app configured from `StreamsSettings`; `.app` is what a faust Worker runs."""
+    """One faust app configured from `StreamsSettings`; `.app` is what `StreamsService` runs."""
 
     def __init__(
         self,
