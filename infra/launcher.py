@@ -47,20 +47,24 @@ def state_path() -> Path:
 
 
 def discover_services(services_dir: Path = SERVICES_DIR) -> list[str]:
-    """Every `services/<name>/` with a `__main__.py` is a service the launcher runs, and so is the
-    faust worker when `streams/__main__.py` exists."""
+    """Every `services/<name>/` with a `__main__.py` is a service the launcher runs, and so is a
+    top-level package whose `__main__.py` runs the common lifecycle (`run_service`), as the faust
+    worker in `streams/` does."""
     names = {
         p.parent.name
         for p in services_dir.glob("*/__main__.py")
         if p.parent.name not in NOT_SERVICES and not p.parent.name.startswith("_")
     }
-    if (services_dir.parent / "streams" / "__main__.py").exists():
-        names.add("streams")
+    names.update(
+        p.parent.name
+        for p in services_dir.parent.glob("*/__main__.py")
+        if p.parent != services_dir and "run_service(" in p.read_text()
+    )
     return sorted(names)
 
 
-def module_for(name: str) -> str:
-    return "streams" if name == "streams" else f"services.{name}"
+def module_for(name: str, services_dir: Path = SERVICES_DIR) -> str:
+    return f"services.{name}" if (services_dir / name / "__main__.py").exists() else name
 
 
 @dataclass

@@ -11,10 +11,11 @@ Tables live in faust's memory store and are rebuilt from their changelogs on sta
 the changelog partition the stage chose (the source partition, or the hand-off partition), so
 recovery puts every entry back where its owner reads it.
 
-Web (faust's server, `CACHEMESH_STREAMS_METRICS_PORT`): `/healthz`, `/metrics` (Prometheus text:
-cachemesh's metrics, and faust's when `CACHEMESH_STREAMS_FAUST_METRICS` is on), `/windows/` and
-`/drift/` (the latest window per group and the latest clusters per shard), and faust's own views,
-e.g. `/table/latest/`.
+Trace context: each record is handled in a consumer span continuing its `traceparent`, so what
+it publishes carries a child's. A tick's hand-off records share one trace, which the windows and
+clusters they close continue.
+
+Lifecycle: `streams/service.py`; pages: `streams/web.py`; faust's private parts: `faust_adapter.py`.
 """
 
 from __future__ import annotations
@@ -22,18 +23,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import faust
-from aiohttp.web import Response
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import KafkaError
+from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP, EventT, StreamT
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from schemas.events import (
     CacheAccessed,
@@ -50,7 +48,8 @@ from schemas.wire import (
     decode,
     encode,
 )
-from streams import metrics
+from services.runtime import tracing
+from streams import faust_adapter, metrics
 from streams.ingest import Ingest, IngestCounters
 from streams.merge import Merge
 from streams.records import Partial, TableWrite, decode_handoff
@@ -83,15 +82,14 @@ def wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+def _headers(event: EventT) -> list[tuple[str, bytes]]:
+    headers = event.message.headers or ()
+    # faust passes aiokafka's (key, value) pairs through; a mapping only if someone built one.
+    return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
 
 
 class StreamsApp:
-    """One faust app configured from `StreamsSettings`; `.app` is what a faust Worker runs."""
+    """One faust app configured from `StreamsSettings`; `.app` is what `StreamsService` runs."""
 
     def __init__(
         self,
@@ -105,7 +103,6 @@ class StreamsApp:
         self.names: Names = names(settings)
         self.source_count = source_count or source_partitions(settings)
         self.clock = clock
-        self.web_port = settings.metrics_port or free_port(settings.metrics_host)
         self.ingest = Ingest(
             lateness_ms=settings.lateness_ms,
             idle_ms=settings.idle_ms,
@@ -125,7 +122,8 @@ class StreamsApp:
         self._last_seen_ms: dict[int, int] = {}
         self._reported = IngestCounters()
         self._lock = asyncio.Lock()
-        self._faust_registry = CollectorRegistry()
+        # faust's own sensors (when on) live apart so that several apps can share a process.
+        self.faust_registry = CollectorRegistry()
         self.app = self._build_app(data_dir or settings.data_dir)
         self._define()
 
@@ -157,11 +155,8 @@ class StreamsApp:
             # full one is on the wire: room for many partials per round trip.
             "producer_max_batch_size": _MAX_BATCH_BYTES,
             "consumer_max_fetch_size": _MAX_REQUEST_BYTES,
-            "web_enabled": True,
-            "web_bind": s.metrics_host,
-            "web_host": s.metrics_host,
-            "web_port": self.web_port,
-            "web_in_thread": False,
+            # Pages are served by the service's metrics server, like every other service's.
+            "web_enabled": False,
             "autodiscover": False,
             "worker_redirect_stdouts": False,
         }
@@ -169,13 +164,8 @@ class StreamsApp:
             conf["datadir"] = data_dir
         app = faust.App(self.names.app_id, **conf)
         if s.faust_metrics:
-            from faust.sensors.prometheus import setup_prometheus_sensors
-
-            setup_prometheus_sensors(
-                app,
-                pattern="/faust-metrics",
-                registry=self._faust_registry,
-                name_prefix="cachemesh_streams_faust",
+            app.monitor = PrometheusMonitor(
+                metrics=FaustMetrics.create(self.faust_registry, "cachemesh_streams_faust")
             )
         return app
 
@@ -197,35 +187,18 @@ class StreamsApp:
         async def ingest(stream: StreamT) -> None:
             manual = stream.noack()  # type: ignore[attr-defined]
             async for event in manual.events():
-                await self.on_source_record(manual, event)
+                with tracing.consumer_span(event.message.topic, _headers(event)):
+                    await self.on_source_record(manual, event)
 
         async def merge(stream: StreamT) -> None:
             async for event in stream.events():
-                await self.on_handoff_record(event)
+                with tracing.consumer_span(event.message.topic, _headers(event)):
+                    await self.on_handoff_record(event)
 
         app.agent(self.source, name=f"{n.app_id}.ingest")(ingest)
         app.agent(self.handoff, name=f"{n.app_id}.merge")(merge)
         app.timer(s.tick_interval_ms / 1000.0)(self.tick)
         app.on_partitions_revoked.connect(self._on_revoked)  # type: ignore[arg-type]
-
-        async def healthz(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-            report = self.health()
-            return view.json(report, status=200 if report["healthy"] else 503)
-
-        async def metrics_page(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-            body = generate_latest(REGISTRY) + generate_latest(self._faust_registry)
-            return Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})  # type: ignore[return-value]
-
-        async def windows_page(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-            return view.json([self.latest_windows[k] for k in sorted(self.latest_windows)])
-
-        async def drift_page(view: faust.web.View, request: faust.web.Request) -> faust.web.Response:
-            return view.json(self.latest_drift)
-
-        app.page("/healthz", name="healthz")(healthz)
-        app.page("/metrics", name="metrics")(metrics_page)
-        app.page("/windows/", name="windows")(windows_page)
-        app.page("/drift/", name="drift")(drift_page)
 
     # --- stage 1 -----------------------------------------------------------------------------
 
@@ -270,10 +243,14 @@ class StreamsApp:
             return
         async with self._lock:
             closing = self.ingest.close(self.clock(), self.caught_up(), self.source_count)
+            with tracing.producer_span(self.names.handoff):
+                # One trace per tick: stage 2 continues it in what the hand-off records close.
+                trace = tracing.inject_headers()
             sent = []
             for partial in closing.partials:
                 key = partial.routing_key().encode()
-                sent.append(await self.send(self.names.handoff, key, _json(partial.to_json())))
+                payload = _json(partial.to_json())
+                sent.append(await self.send(self.names.handoff, key, payload, headers=trace))
             progress = closing.progress
             if self._resend_progress:
                 # After a restart stage 2 may not know where stage 1 stands; tell it once.
@@ -281,7 +258,8 @@ class StreamsApp:
                 self._resend_progress = False
             if progress is not None:
                 for q in range(self.settings.partitions):
-                    sent.append(await self.send(self.names.handoff, None, _json(progress.to_json()), q))
+                    payload = _json(progress.to_json())
+                    sent.append(await self.send(self.names.handoff, None, payload, q, headers=trace))
             if sent:
                 await asyncio.gather(*sent)
             await self.write(self.ingest_table, closing.writes)
@@ -303,37 +281,23 @@ class StreamsApp:
 
     def caught_up(self) -> dict[int, bool]:
         """Per owned source partition: has everything up to its end offset been applied? Asks
-        aiokafka for the end offset of the partition's latest fetch, and trusts it only when that
-        fetch is recent and came after the last record was applied (aiokafka does not fetch a
-        partition while it holds unread records of it)."""
-        consumer = self._kafka_consumer()
+        for the end offset of the partition's latest fetch, and trusts it only when that fetch is
+        recent and came after the last record was applied (aiokafka does not fetch a partition
+        while it holds unread records of it)."""
         now = wall_ms()
-        committed = getattr(self.app.consumer, "_committed_offset", {})
         out: dict[int, bool] = {}
         for p in self.ingest.partitions:
             out[p] = False
-            if consumer is None:
-                continue
-            tp = TopicPartition(self.names.access, p)
-            try:
-                end, polled = consumer.highwater(tp), consumer.last_poll_timestamp(tp)
-            except (AssertionError, KafkaError):  # not assigned (rebalancing)
-                continue
+            tp = TP(self.names.access, p)
+            end, polled = faust_adapter.highwater(self.app, tp), faust_adapter.last_poll_ms(self.app, tp)
             if end is None or polled is None or now - polled > _FETCH_FRESH_MS:
                 continue
             if polled < self._last_seen_ms.get(p, 0):
                 continue  # no fetch since the last record was applied: more may be on the way
             seen = self._last_offset.get((tp.topic, p))
-            upto = seen + 1 if seen is not None else (committed.get(TP(tp.topic, p)) or 0)
+            upto = seen + 1 if seen is not None else (faust_adapter.committed_offset(self.app, tp) or 0)
             out[p] = upto >= end
         return out
-
-    def _kafka_consumer(self) -> AIOKafkaConsumer | None:
-        try:
-            consumer = self.app.consumer._thread._ensure_consumer()  # type: ignore[attr-defined]
-        except Exception:
-            return None
-        return consumer if isinstance(consumer, AIOKafkaConsumer) else None
 
     def _report_counters(self) -> None:
         now, last = self.ingest.counters, self._reported
@@ -406,8 +370,9 @@ class StreamsApp:
         while len(payload) > limit and isinstance(event, DriftClustered) and len(event.keys) > 1:
             event = event.model_copy(update={"keys": event.keys[: len(event.keys) // 2]})
             payload = encode(event)
-        headers = [("event_type", str(event.type).encode())]  # type: ignore[attr-defined]
-        return await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
+        with tracing.producer_span(topic):
+            headers = tracing.inject_headers([("event_type", str(event.type).encode())])  # type: ignore[attr-defined]
+            return await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
 
     async def write(self, table: Any, writes: Iterable[TableWrite]) -> None:
         """Applies stage writes to the local table and its changelog, on the chosen partition."""
@@ -459,10 +424,7 @@ class StreamsApp:
         and leaves out of it the partitions whose records are still being processed, so a fetch of
         only the quiet partitions (the hand-off between ticks, kv.events) would hold back the next
         fetch of the busy ones for up to that long: shorten it."""
-        consumer = self._kafka_consumer()
-        fetcher = getattr(consumer, "_fetcher", None)
-        if fetcher is not None and hasattr(fetcher, "_fetch_max_wait_ms"):
-            fetcher._fetch_max_wait_ms = self.settings.fetch_max_wait_ms
+        faust_adapter.set_fetch_max_wait(self.app, self.settings.fetch_max_wait_ms)
 
     async def _on_recovered(self) -> None:
         """After faust rebuilt the tables: load the partitions this worker now owns."""

@@ -43,7 +43,7 @@ class StreamsSettings(ServiceSettings):
     session_timeout_ms: Annotated[int, Field(ge=6_000)] = 10_000
     # Create the catalogue and the internal topics before the worker starts.
     create_topics: bool = True
-    # Longest a fetch waits at the broker for data (faust's own 1.5 s is replaced; see app.py).
+    # Longest a fetch waits at the broker for data (faust's own 1.5 s is replaced; see faust_adapter.py).
     fetch_max_wait_ms: Annotated[int, Field(gt=0)] = 100
     # Records an agent may have queued (faust's stream_buffer_maxsize); see app.py.
     stream_buffer: Annotated[int, Field(gt=0)] = 256

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
@@ -29,12 +29,16 @@ HealthCheck = Callable[[], Awaitable[dict[str, object]]]
 
 
 class MetricsServer:
-    """Serves /metrics and /healthz on `host:port` (port 0 picks a free one; see `.port`)."""
+    """Serves /metrics and /healthz on `host:port` (port 0 picks a free one; see `.port`), and any
+    pages a service adds (`routes`)."""
 
-    def __init__(self, host: str, port: int, health: HealthCheck) -> None:
+    def __init__(
+        self, host: str, port: int, health: HealthCheck, routes: Sequence[web.AbstractRouteDef] = ()
+    ) -> None:
         self._host = host
         self._port = port
         self._health = health
+        self._routes = list(routes)
         self._runner: web.AppRunner | None = None
         self.port = port
 
@@ -42,6 +46,7 @@ class MetricsServer:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/healthz", self._healthz)
+        app.add_routes(self._routes)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar, Self
 
+from aiohttp import web
+
 from services.runtime.kafka import EventConsumer, EventPublisher, Handler
 from services.runtime.logs import configure_logging
 from services.runtime.metrics import MetricsServer
@@ -52,6 +54,10 @@ class Service:
     async def checks(self) -> dict[str, Any]:
         """Extra health facts; a value of False marks the service unhealthy."""
         return {}
+
+    def routes(self) -> Sequence[web.AbstractRouteDef]:
+        """Extra pages served next to /metrics and /healthz."""
+        return ()
 
     async def open_publisher(self, stack: AsyncExitStack) -> EventPublisher:
         publisher = EventPublisher(self.settings.kafka, client_id=f"{self.name}-{self.settings.node_id}")
@@ -98,7 +104,9 @@ class Service:
         stack = AsyncExitStack()
         try:
             await self.open(stack)
-            server = MetricsServer(self.settings.metrics_host, self.settings.metrics_port, self.health)
+            server = MetricsServer(
+                self.settings.metrics_host, self.settings.metrics_port, self.health, self.routes()
+            )
             await server.start()
             stack.push_async_callback(server.stop)
             self.metrics_server = server

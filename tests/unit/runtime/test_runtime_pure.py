@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
-from infra.launcher import discover_services
+from infra.launcher import discover_services, module_for
 from services.runtime.kafka import _Dedupe
 from services.runtime.logs import JsonFormatter
 from services.runtime.postgres import _choose, load_migrations, redact_dsn
@@ -85,3 +85,14 @@ def test_services_are_folders_with_a_main(tmp_path: Path) -> None:
         if has_main:
             (tmp_path / name / "__main__.py").write_text("")
     assert discover_services(tmp_path) == ["heat"]
+
+
+def test_a_top_level_package_on_the_service_lifecycle_is_a_service(tmp_path: Path) -> None:
+    services = tmp_path / "services"
+    (services / "heat").mkdir(parents=True)
+    (services / "heat" / "__main__.py").write_text("")
+    for name, body in (("worker", "run_service(lambda: W())\n"), ("bench", "print('tables')\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__main__.py").write_text(body)
+    assert discover_services(services) == ["heat", "worker"]
+    assert [module_for(n, services) for n in ("heat", "worker")] == ["services.heat", "worker"]

@@ -1,0 +1,111 @@
+"""The streams worker as a service: creates its topics, runs the faust app (`StreamsApp`) as a loop
+of the common lifecycle, and serves its health, metrics and pages the way every service does."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+from aiohttp import web
+from aiokafka.admin import AIOKafkaAdminClient
+from prometheus_client import REGISTRY
+
+from infra.topics import ensure_topics
+from schemas.topics import BY_NAME
+from services.runtime.service import Loop, Service
+from streams import web as pages
+from streams.app import StreamsApp
+from streams.settings import StreamsSettings
+from streams.topology import internal_topics, names
+
+log = logging.getLogger(__name__)
+
+
+async def prepare(settings: StreamsSettings) -> int:
+    """Creates the topics; returns the partition count of the source topic."""
+    bootstrap, namespace = settings.kafka.bootstrap, settings.kafka.topic_namespace
+    if settings.create_topics:
+        await ensure_topics(bootstrap, namespace)
+    count = settings.source_partitions or await _partitions_of(bootstrap, names(settings).access)
+    count = count or BY_NAME["cache.access.v1"].partitions
+    if settings.create_topics:
+        await ensure_topics(bootstrap, namespace, internal_topics(settings, count))
+    changelog = names(settings).ingest_table
+    have = await _partitions_of(bootstrap, changelog)
+    if have and have != count:
+        raise SystemExit(
+            f"{changelog} has {have} partitions but the source topic has {count}; "
+            "they must match (delete the changelog or set CACHEMESH_STREAMS_SOURCE_PARTITIONS)"
+        )
+    return count
+
+
+async def _partitions_of(bootstrap: str, topic: str) -> int | None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="cachemesh-streams-setup")
+    await admin.start()
+    try:
+        for desc in await admin.describe_topics([topic]):
+            if desc.get("topic") == topic and not desc.get("error_code"):
+                return len(desc.get("partitions", [])) or None
+        return None
+    finally:
+        await admin.close()
+
+
+class StreamsService(Service):
+    name = "streams"
+
+    def __init__(self, settings: StreamsSettings) -> None:
+        super().__init__(settings)
+        self.streams_settings = settings
+        self._streams: StreamsApp | None = None
+
+    @property
+    def streams(self) -> StreamsApp:
+        if self._streams is None:
+            raise RuntimeError("streams is not started")
+        return self._streams
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        settings = self.streams_settings
+        source_count = await prepare(settings)
+        # The tables live in memory and come back from their changelogs: a scratch directory will do.
+        data_dir = settings.data_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="cachemesh-streams-")
+        )
+        # Built here, not in __init__: faust binds its services to the running event loop.
+        self._streams = StreamsApp(settings, source_count=source_count, data_dir=data_dir)
+        REGISTRY.register(self._streams.faust_registry)
+        stack.callback(REGISTRY.unregister, self._streams.faust_registry)
+        log.info(
+            "starting the streams worker", extra={"app_id": self.streams.names.app_id, "data_dir": data_dir}
+        )
+
+    def loops(self) -> list[Loop]:
+        return [self._run_app]
+
+    async def _run_app(self) -> None:
+        """Runs the faust app until the service stops; its stopping by itself (a crash) is fatal.
+        `start` returns once the tables are recovered; until then /healthz says not recovered."""
+        app = self.streams.app
+        try:
+            await app.start()
+            await app.wait_until_stopped()
+        finally:
+            # Commits what was acknowledged and flushes the producer, also when cancelled mid-start.
+            await app.stop()
+        raise RuntimeError(f"the faust app stopped by itself ({app.state})") from app.crash_reason
+
+    async def checks(self) -> dict[str, Any]:
+        if self._streams is None:
+            return {"running": False}
+        report = self._streams.health()
+        report.pop("healthy")
+        report.pop("service")
+        return report
+
+    def routes(self) -> Sequence[web.AbstractRouteDef]:
+        return pages.routes(self.streams)

@@ -1,0 +1,99 @@
+"""The worker's edges without a broker: trace context from input to output, the faust adapter on an
+app that never started, and the pages served next to /healthz."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
+from opentelemetry import trace
+
+from schemas.events import RequestPenetrated
+from services.runtime import tracing
+from streams import faust_adapter
+from streams.app import StreamsApp
+from streams.settings import StreamsSettings
+from streams.web import routes
+
+PARENT_TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = f"00-{PARENT_TRACE}-b7ad6b7169203331-01"
+
+
+class Recorder:
+    """Stands in for the producer: keeps what `StreamsApp.send` was asked to send."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list[tuple[str, bytes]]]] = []
+
+    async def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[None]:
+        self.sent.append((topic, list(headers or [])))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def _streams() -> StreamsApp:
+    return StreamsApp(StreamsSettings(kafka={"topic_namespace": "unit."}), source_count=2)
+
+
+async def test_a_published_event_carries_a_child_of_the_input_trace() -> None:
+    tracing.configure_tracing("streams-test")
+    streams, recorder = _streams(), Recorder()
+    streams.send = recorder.send  # type: ignore[method-assign]
+    event = RequestPenetrated(event_id="p1", occurred_at_ms=1, shard="s0", key="k")
+    with tracing.consumer_span(streams.names.access, [("traceparent", PARENT.encode())]) as span:
+        await streams.publish(event)
+        handling = format(span.get_span_context().span_id, "016x")
+    assert trace.get_current_span().get_span_context().is_valid is False
+    [(topic, headers)] = recorder.sent
+    assert topic == streams.names.window
+    carried = dict(headers)["traceparent"].decode().split("-")
+    assert carried[1] == PARENT_TRACE
+    assert carried[2] not in (PARENT.split("-")[2], handling)  # the publish span's own id
+    assert dict(headers)["event_type"] == b"stream.request_penetrated"
+
+
+async def test_the_adapter_answers_none_before_the_consumer_exists() -> None:
+    streams = _streams()
+    tp = faust_adapter.TP(streams.names.access, 0)
+    assert faust_adapter.aiokafka_consumer(streams.app) is None
+    assert faust_adapter.last_poll_ms(streams.app, tp) is None
+    assert faust_adapter.highwater(streams.app, tp) is None
+    assert faust_adapter.committed_offset(streams.app, tp) is None
+    assert faust_adapter.set_fetch_max_wait(streams.app, 100) is False
+    assert streams.caught_up() == {}
+
+
+async def _get(streams: StreamsApp, path: str) -> tuple[int, Any]:
+    app = web.Application()
+    app.add_routes(routes(streams))
+    resolved = await app.router.resolve(make_mocked_request("GET", path, app=app))
+    assert resolved.http_exception is None, path
+    response = await resolved.handler(make_mocked_request("GET", path, app=app, match_info=dict(resolved)))
+    assert isinstance(response, web.Response) and isinstance(response.text, str)
+    return response.status, json.loads(response.text)
+
+
+async def test_pages_show_the_latest_windows_drift_and_tables() -> None:
+    streams = _streams()
+    streams.latest_windows = {"b|s|*": {"window": "b"}, "a|s|*": {"window": "a"}}
+    streams.latest_drift = {"s": [{"pattern": "pulse"}]}
+    streams.latest_table.data["a|s|*"] = {"window": "a"}
+    assert await _get(streams, "/windows/") == (200, [{"window": "a"}, {"window": "b"}])
+    assert await _get(streams, "/drift/") == (200, {"s": [{"pattern": "pulse"}]})
+    status, tables = await _get(streams, "/table/")
+    assert status == 200 and {t["name"] for t in tables} == {"ingest", "merge", "latest"}
+    assert await _get(streams, "/table/latest/") == (200, {"name": "latest", "help": ""})
+    assert (await _get(streams, "/table/nope/"))[0] == 404
+    assert await _get(streams, "/table/latest/a|s|*/") == (200, {"window": "a"})
+    assert (await _get(streams, "/table/latest/zzz/"))[0] == 404
