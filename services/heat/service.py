@@ -16,9 +16,9 @@ from policies.learned.heat import HeatPolicy
 from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine
-from services.runtime.model_store import PostgresModelStore
 from services.heat.settings import HeatSettings
 from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.model_store import PostgresModelStore
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
