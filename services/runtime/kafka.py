@@ -317,7 +317,17 @@ class EventConsumer:
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Before `revoked` go: wait for the record in flight, commit what was applied on them."""
-        async with self._lock:
+        # The group waits for this member only so long (the rebalance timeout, which aiokafka sets to
+        # the session timeout): a handler stuck past half of it is left running, and its record
+        # goes uncommitted, to be applied again by the next owner and dropped there by event_id.
+        held = True
+        try:
+            async with asyncio.timeout(self._settings.session_timeout_ms / 2000):
+                await self._lock.acquire()
+        except TimeoutError:
+            held = False
+            log.warning("a handler outlived the revoke; its record will be redelivered")
+        try:
             self._revoked |= revoked
             offsets = {tp: self._done.pop(tp) for tp in revoked if tp in self._done}
             consumer = self._consumer
@@ -331,6 +341,9 @@ class EventConsumer:
                 log.warning("commit on revoke failed; records will be redelivered", extra={"error": str(exc)})
                 return
             log.info("committed on revoke", extra={"offsets": {str(tp): off for tp, off in offsets.items()}})
+        finally:
+            if held:
+                self._lock.release()
 
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         # Nothing to load: the fetcher starts every assigned partition at its committed offset.
