@@ -20,6 +20,9 @@ pytestmark = pytest.mark.integration
 EVENTS = 600
 # The first consumer's handler holds this application (1-based) until its partitions are being revoked.
 GATED_AT = 31
+# ...and then works slowly for a while, so that a consumer that kept applying the rest of a revoked
+# batch would still be at it when the next owner starts on those partitions.
+SLOW_AFTER_GATE, SLOW_APPLY_S = 10, 0.05
 
 
 async def _committed(admin: AIOKafkaAdminClient, group: str) -> dict[int, int]:
@@ -91,6 +94,8 @@ async def test_a_consumer_joining_mid_stream_loses_nothing_and_doubles_nothing(
                 gated.append((delivery.partition, delivery.offset))
                 gate_reached.set()
                 await release.wait()
+            elif name == "a" and gated and len(applications) < GATED_AT + SLOW_AFTER_GATE:
+                await asyncio.sleep(SLOW_APPLY_S)
             applications.append((name, delivery.partition, delivery.offset, delivery.event.event_id))
             applied_end[delivery.partition] = delivery.offset + 1
             effect.add(delivery.event.event_id)
