@@ -4,7 +4,9 @@ Publisher: encodes events, bounds their size, opens a producer span and carries 
 in the record headers. Consumer: decodes, drops duplicates by `event_id`, runs the handler inside a
 consumer span, commits offsets only after the handler is done (at-least-once), retries transient
 failures (a database restart) without moving on, and dead-letters whatever cannot be decoded or
-applied to `<topic>.dlq.v1` with the reason in headers and the original bytes untouched.
+applied to `<topic>.dlq.v1` with the reason in headers and the original bytes untouched. What to do
+with each record is decided in `consume.py`; this carries it out. On a rebalance the consumer commits
+what it applied on the revoked partitions before they go.
 """
 
 from __future__ import annotations
@@ -13,24 +15,35 @@ import asyncio
 import functools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import asyncpg
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import (
+    AIOKafkaConsumer,
+    AIOKafkaProducer,
+    ConsumerRebalanceListener,
+    ConsumerRecord,
+    TopicPartition,
+)
 from aiokafka.errors import CommitFailedError, KafkaError
 
 from schemas.events import Event
 from schemas.topics import dlq_name, qualified
-from schemas.wire import (
-    DecodeError,
-    FailureKind,
-    dead_letter_headers,
-    decode,
-    encode,
-)
+from schemas.wire import dead_letter_headers, encode
 from services.runtime import metrics, tracing
+from services.runtime.consume import (
+    Abandon,
+    Applied,
+    Apply,
+    Attempts,
+    DeadLetter,
+    Dedupe,
+    RetryPolicy,
+    admit,
+    after_attempt,
+    backoff_s,
+)
 from services.runtime.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -183,25 +196,17 @@ class Delivery:
 Handler = Callable[[Delivery], Awaitable[None]]
 
 
-@dataclass
-class _Dedupe:
-    """The last `capacity` event ids seen, oldest forgotten first."""
+class _CommitOnRevoke(ConsumerRebalanceListener):
+    """Hands the consumer's rebalance callbacks to it; aiokafka waits for them before re-joining."""
 
-    capacity: int
-    _seen: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    def __init__(self, consumer: EventConsumer) -> None:
+        self._consumer = consumer
 
-    def seen(self, event_id: str) -> bool:
-        if event_id in self._seen:
-            self._seen.move_to_end(event_id)
-            return True
-        return False
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._consumer._on_revoked(set(revoked))
 
-    def remember(self, event_id: str) -> None:
-        if self.capacity == 0:
-            return
-        self._seen[event_id] = None
-        if len(self._seen) > self.capacity:
-            self._seen.popitem(last=False)
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._consumer._on_assigned(set(assigned))
 
 
 class EventConsumer:
@@ -225,12 +230,21 @@ class EventConsumer:
         self._handler = handler
         self._dlq = dead_letters
         self._auto_offset_reset = auto_offset_reset
-        self._transient = transient_errors
-        self._max_backoff_s = max_backoff_s
-        self._dedupe = _Dedupe(settings.dedupe_window)
+        self._policy = RetryPolicy(
+            settings.handler_max_attempts, transient_errors, max_backoff_s=max_backoff_s
+        )
+        # Transient errors are caught even where they are not `Exception`s; the policy tells them apart.
+        self._catch: tuple[type[BaseException], ...] = (Exception, *transient_errors)
+        self._dedupe = Dedupe(settings.dedupe_window)
         self._consumer: AIOKafkaConsumer | None = None
         # Next offset to commit per partition: everything below it has been applied.
         self._done: dict[TopicPartition, int] = {}
+        # Held while one record is applied or offsets are committed, so that a revoke waits for the
+        # record in flight and commits past it instead of leaving it to be applied twice.
+        self._lock = asyncio.Lock()
+        # Partitions revoked since the batch being processed was fetched: the rest of that batch on
+        # them belongs to their next owner, who reads it again from the committed offset.
+        self._revoked: set[TopicPartition] = set()
         self._stopping = False
         self.last_poll_monotonic: float | None = None
         self.processed = 0
@@ -239,7 +253,6 @@ class EventConsumer:
         if self._consumer is not None:
             return
         consumer = AIOKafkaConsumer(
-            *self.topics,
             bootstrap_servers=self._settings.bootstrap,
             client_id=self._settings.client_id,
             group_id=self.group_id,
@@ -254,6 +267,7 @@ class EventConsumer:
                 1024 * 1024, self._settings.max_event_bytes + _RECORD_OVERHEAD_BYTES
             ),
         )
+        consumer.subscribe(self.topics, listener=_CommitOnRevoke(self))
         await consumer.start()
         self._consumer = consumer
         self._stopping = False
@@ -264,7 +278,8 @@ class EventConsumer:
         if consumer is None:
             return
         try:
-            await self._commit(consumer)
+            async with self._lock:
+                await self._commit(consumer)
         finally:
             await consumer.stop()
 
@@ -286,12 +301,53 @@ class EventConsumer:
             batches = await consumer.getmany(
                 timeout_ms=self._settings.poll_timeout_ms, max_records=self._settings.max_poll_records
             )
+            # getmany hands out records of the current assignment only; from here on a revoke
+            # fences the partitions it takes.
+            self._revoked = set()
             self.last_poll_monotonic = time.monotonic()
             for tp, records in batches.items():
                 for record in records:
-                    await self._process(record)
-                    self._done[tp] = record.offset + 1
-            await self._commit(consumer)
+                    async with self._lock:
+                        if tp in self._revoked:
+                            break
+                        await self._process(record)
+                        self._done[tp] = record.offset + 1
+            async with self._lock:
+                await self._commit(consumer)
+
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Before `revoked` go: wait for the record in flight, commit what was applied on them."""
+        # The group waits for this member only so long (the rebalance timeout, which aiokafka sets to
+        # the session timeout): a handler stuck past half of it is left running, and its record
+        # goes uncommitted, to be applied again by the next owner and dropped there by event_id.
+        held = True
+        try:
+            async with asyncio.timeout(self._settings.session_timeout_ms / 2000):
+                await self._lock.acquire()
+        except TimeoutError:
+            held = False
+            log.warning("a handler outlived the revoke; its record will be redelivered")
+        try:
+            self._revoked |= revoked
+            offsets = {tp: self._done.pop(tp) for tp in revoked if tp in self._done}
+            consumer = self._consumer
+            if not offsets or consumer is None:
+                return
+            try:
+                await consumer.commit(offsets)
+            except KafkaError as exc:
+                # This member was already out of the group: the next owner re-reads from the last
+                # commit and the duplicates are dropped by event_id.
+                log.warning("commit on revoke failed; records will be redelivered", extra={"error": str(exc)})
+                return
+            log.info("committed on revoke", extra={"offsets": {str(tp): off for tp, off in offsets.items()}})
+        finally:
+            if held:
+                self._lock.release()
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        # Nothing to load: the fetcher starts every assigned partition at its committed offset.
+        log.info("partitions assigned", extra={"assigned": sorted(str(tp) for tp in assigned)})
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         if not self._done:
@@ -309,16 +365,14 @@ class EventConsumer:
             log.warning("offset commit failed; records will be redelivered", extra={"error": str(exc)})
 
     async def _process(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        admission = admit(record.value, self._settings.max_event_bytes, self._dedupe)
+        if isinstance(admission, DeadLetter):
+            await self._dead_letter(record, admission)
+        if not isinstance(admission, Apply):
+            metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, admission.outcome).inc()
+            return
+        event = admission.event
         headers = tuple(record.headers or ())
-        try:
-            event = decode(record.value, self._settings.max_event_bytes)
-        except DecodeError as exc:
-            await self._dead_letter(record, exc.kind, exc.reason)
-            metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, "dead_lettered").inc()
-            return
-        if self._dedupe.seen(event.event_id):
-            metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, "duplicate").inc()
-            return
         with tracing.consumer_span(record.topic, headers):
             delivery = Delivery(
                 event=event,
@@ -330,41 +384,42 @@ class EventConsumer:
                 timestamp_ms=record.timestamp,
                 trace_id=tracing.current_trace_id(),
             )
-            outcome = await self._apply(delivery, record)
+            verdict = await self._apply(delivery, record)
         self._dedupe.remember(event.event_id)
         self.processed += 1
-        metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, outcome).inc()
+        metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, verdict.outcome).inc()
 
-    async def _apply(self, delivery: Delivery, record: ConsumerRecord[bytes, bytes]) -> str:
-        attempts = 0
-        backoff = 0.05
+    async def _apply(self, delivery: Delivery, record: ConsumerRecord[bytes, bytes]) -> Applied | DeadLetter:
+        attempts = Attempts()
         while True:
             started = time.perf_counter()
+            error: BaseException | None = None
             try:
                 await self._handler(delivery)
-            except self._transient as exc:
-                if self._stopping:
-                    raise
+            except self._catch as exc:
+                error = exc
+            verdict = after_attempt(error, attempts, self._policy, stopping=self._stopping)
+            if isinstance(verdict, Applied):
+                metrics.HANDLER_SECONDS.labels(record.topic, self.group_id).observe(
+                    time.perf_counter() - started
+                )
+                return verdict
+            if isinstance(verdict, Abandon):
+                raise verdict.error
+            if isinstance(verdict, DeadLetter):
+                log.error("handler failed; dead-lettering", extra={"topic": record.topic}, exc_info=error)
+                await self._dead_letter(record, verdict)
+                return verdict
+            if verdict.transient:
                 log.warning(
                     "transient failure; retrying",
-                    extra={"topic": record.topic, "offset": record.offset, "error": repr(exc)},
+                    extra={"topic": record.topic, "offset": record.offset, "error": repr(error)},
                 )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
-                continue
-            except Exception as exc:
-                attempts += 1
-                if attempts < self._settings.handler_max_attempts:
-                    continue
-                log.exception("handler failed; dead-lettering", extra={"topic": record.topic})
-                await self._dead_letter(record, "handler_failed", f"{type(exc).__name__}: {exc}")
-                return "dead_lettered"
-            metrics.HANDLER_SECONDS.labels(record.topic, self.group_id).observe(time.perf_counter() - started)
-            return "applied"
+                await asyncio.sleep(verdict.backoff_s)
+            attempts = verdict.attempts
 
-    async def _dead_letter(
-        self, record: ConsumerRecord[bytes, bytes], kind: FailureKind, reason: str
-    ) -> None:
+    async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], verdict: DeadLetter) -> None:
+        kind, reason = verdict.kind, verdict.reason
         headers = dead_letter_headers(
             record.headers,
             kind=kind,
@@ -381,7 +436,7 @@ class EventConsumer:
         )
         metrics.EVENTS_DEAD_LETTERED.labels(record.topic, kind).inc()
         # Waits for the acknowledgement: the source offset is committed only once the DLQ holds it.
-        backoff = 0.1
+        attempt = 0
         while True:
             try:
                 await self._dlq.publish_raw(dlq_name(record.topic), record.key, record.value, headers)
@@ -390,5 +445,5 @@ class EventConsumer:
                 if self._stopping:
                     raise
                 log.warning("dead-letter publish failed; retrying", extra={"error": repr(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self._max_backoff_s)
+                attempt += 1
+                await asyncio.sleep(backoff_s(attempt, 0.1, self._policy.max_backoff_s))

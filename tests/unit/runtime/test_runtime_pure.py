@@ -10,7 +10,7 @@ import pytest
 from opentelemetry import trace
 
 from infra.launcher import discover_services, module_for
-from services.runtime.kafka import _Dedupe
+from services.runtime.consume import Dedupe
 from services.runtime.logs import JsonFormatter
 from services.runtime.postgres import _choose, load_migrations, redact_dsn
 from services.runtime.settings import KafkaSettings, PostgresSettings
@@ -18,7 +18,7 @@ from services.runtime.tracing import configure_tracing, headers_carrier
 
 
 def test_dedupe_remembers_a_bounded_window() -> None:
-    dedupe = _Dedupe(capacity=2)
+    dedupe = Dedupe(capacity=2)
     for event_id in ("a", "b"):
         assert not dedupe.seen(event_id)
         dedupe.remember(event_id)
@@ -28,7 +28,7 @@ def test_dedupe_remembers_a_bounded_window() -> None:
 
 
 def test_dedupe_window_zero_remembers_nothing() -> None:
-    dedupe = _Dedupe(capacity=0)
+    dedupe = Dedupe(capacity=0)
     dedupe.remember("a")
     assert not dedupe.seen("a")
 
