@@ -1,5 +1,5 @@
-"""The heat service on real Kafka and Postgres: access events become heat.scores.v1 decisions within
-the latency budget, and the learned model survives a restart."""
+"""The heat service on real Kafka and Postgres: every access event becomes a heat.scores.v1 decision, and
+the learned model survives a restart. The event -> decision latency is measured by bench/heat_latency.py."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _settings(kafka, namespace, pg_settings, **overrides) -> HeatSettings:  # ty
     )
 
 
-async def test_access_events_become_decisions_within_250_ms(kafka, namespace, topics_on, pg_settings) -> None:
+async def test_every_access_event_becomes_a_heat_decision(kafka, namespace, topics_on, pg_settings) -> None:
     await topics_on(kafka)
     settings = _settings(kafka, namespace, pg_settings, capacity=1000)
     reader = AIOKafkaConsumer(
@@ -43,51 +43,32 @@ async def test_access_events_become_decisions_within_250_ms(kafka, namespace, to
     await reader.start()
     publisher = EventPublisher(settings.kafka)
     await publisher.start()
-    sent_at: dict[str, float] = {}
-    all_sent = asyncio.Event()
-    latency_ms: dict[str, float] = {}
+    sent = {"warm-up"} | {f"prompt-{i}" for i in range(200)}
+    decided: set[str] = set()
     async with HeatService(settings) as service:
         runner = asyncio.create_task(service.run())
 
         async def read() -> None:
-            while not all_sent.is_set() or len(latency_ms) < len(sent_at):
-                batch = await reader.getmany(timeout_ms=200)
-                now = time.monotonic()
-                for records in batch.values():
+            while not sent <= decided:
+                for records in (await reader.getmany(timeout_ms=200)).values():
                     for record in records:
                         scored = decode(record.value)
                         assert isinstance(scored, HeatScored)
-                        if scored.key in sent_at and scored.key not in latency_ms:
-                            latency_ms[scored.key] = (now - sent_at[scored.key]) * 1000
+                        decided.add(scored.key)
 
         reading = asyncio.create_task(read())
-        # Warm-up: the clock starts once one decision has come back (topic leaders elected, the
-        # service's group joined, the reader positioned), not after a fixed sleep.
-        sent_at["warm-up"] = time.monotonic()
         await publisher.publish(CacheAccessed(key="warm-up", hit=False))
-        for _ in range(300):
-            if "warm-up" in latency_ms:
-                break
-            await asyncio.sleep(0.1)
-        assert "warm-up" in latency_ms, "no decision for the warm-up event within 30 s"
-        del sent_at["warm-up"], latency_ms["warm-up"]
         for i in range(200):
-            key = f"prompt-{i}"
-            sent_at[key] = time.monotonic()
-            await publisher.publish(CacheAccessed(key=key, hit=False, trace_id=f"conv-{i % 5}"))
-            await asyncio.sleep(0.01)
-        all_sent.set()
-        await asyncio.wait_for(reading, 30)
+            await publisher.publish(CacheAccessed(key=f"prompt-{i}", hit=False, trace_id=f"conv-{i % 5}"))
+        # Generous: this checks that the decisions come, not how fast (bench/heat_latency.py measures that).
+        await asyncio.wait_for(reading, 60)
         health = await service.health()
         service.request_stop()
         await runner
     await publisher.stop()
     await reader.stop()
 
-    assert set(latency_ms) == set(sent_at)
-    p99 = float(np.percentile(list(latency_ms.values()), 99))
-    print(f"event -> decision p50 {np.percentile(list(latency_ms.values()), 50):.0f} ms, p99 {p99:.0f} ms")
-    assert p99 < 250
+    assert sent <= decided
     assert health["healthy"] and health["tracked_entries"] == 201  # with the warm-up key
 
 
@@ -111,7 +92,11 @@ async def test_the_model_survives_a_restart(kafka, namespace, topics_on, pg_sett
         deadline = time.monotonic() + 60
         while first.engine.events_applied < len(keys) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        await asyncio.sleep(0.5)  # a few more re-score rounds to train
+        # A few more re-score rounds (each one trains) after the last event, counted, not slept.
+        rounds = first.engine.policy.rescores + 5
+        while first.engine.policy.rescores < rounds and time.monotonic() < deadline + 30:
+            await asyncio.sleep(0.02)
+        assert first.engine.policy.rescores >= rounds, "the service stopped re-scoring"
         first.request_stop()
         await runner
         steps = first.engine.policy.scorer.steps

@@ -57,7 +57,8 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
     assert "all healthy in" in err.decode()
     timings = json.loads(out.decode().strip().splitlines()[-1])["timings"]
     assert timings["all_healthy_s"] > 0
-    time.sleep(0.5)
-    alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    # Reaped or exited (a zombie has exited; reaping it is init's job), waited for, not slept on.
+    _, running = psutil.wait_procs(children, timeout=30)
+    alive = [p for p in running if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"left behind: {[(p.pid, p.name()) for p in alive]}"
     assert _status(env)[0] == 3  # not up any more

@@ -4,6 +4,7 @@ use, and every write the pool acknowledged survives a restart in the middle of t
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import numpy as np
@@ -81,12 +82,17 @@ async def test_acknowledged_writes_survive_a_restart_in_the_middle(pg_settings, 
             i += 4
             await asyncio.sleep(0.002)
 
+    async def acknowledged_at_least(n: int) -> None:
+        deadline = time.monotonic() + 60
+        while len(acknowledged) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     writers = [asyncio.create_task(writer(s)) for s in range(4)]
     try:
-        await asyncio.sleep(0.5)
+        await acknowledged_at_least(40)  # writes are flowing before the restart
         before = len(acknowledged)
         await asyncio.to_thread(postgres.restart)
-        await asyncio.sleep(1.0)
+        await acknowledged_at_least(before + 40)  # and again after it
         stop.set()
         await asyncio.gather(*writers)
         stored = {r["id"] for r in await db.fetch(f"SELECT id FROM {table}")}

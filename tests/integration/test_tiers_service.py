@@ -1,8 +1,8 @@
 """Tier nodes end to end on the real Apache Kafka and Postgres, over real HTTP: two nodes in this process,
 each with its own API port, consumer groups and L1/L2, sharing L3.
 
-- A put on node A removes node B's semantically close entries (and B's stale copy of the key) within the
-  propagation window; the p99 is printed. The delayed second delete catches a stale copy re-read after
+- A put on node A removes node B's semantically close entries (and B's stale copy of the key); how fast is
+  measured by bench/invalidation_latency.py. The delayed second delete catches a stale copy re-read after
   the first one. The writer keeps its own entry.
 - L3 content (value bytes, descriptor, tags, embedding) survives a node restart and a Postgres restart.
 - Heat decisions, tier commands and conversation ends published on Kafka act on a node.
@@ -37,14 +37,14 @@ from services.tiers.edge.client import AsyncTiersClient, TiersError
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService
 from tests.integration.conftest import kafka_settings_for
-from tests.integration.nodes import running, until
+from tests.integration.nodes import InvalidationTap, running, until
 
 pytestmark = pytest.mark.integration
 
 DIM = 384
-# What a put on one node promises the others: their close entries are gone within this (p99).
-PROPAGATION_WINDOW_MS = 1000.0
-RNG = np.random.default_rng(2024)
+# Unseeded: a shared Postgres keeps the vectors earlier runs wrote to L3, and a seeded sequence would
+# draw them again, so a semantic lookup could find an earlier run's entry instead of this one's.
+RNG = np.random.default_rng()
 
 
 def unit() -> np.ndarray:
@@ -100,15 +100,18 @@ async def read_events(bootstrap: str, topic: str, at_least: int, timeout_s: floa
     return events
 
 
-async def test_put_on_node_a_drops_close_entries_on_node_b_within_the_window(
-    kafka, topics_on, node_settings
+async def test_put_on_node_a_drops_close_entries_on_node_b(
+    kafka, namespace, topics_on, node_settings
 ) -> None:
     await topics_on(kafka)
-    async with running(node_settings("a")) as a, running(node_settings("b")) as b:
+    async with (
+        running(node_settings("a")) as a,
+        running(node_settings("b")) as b,
+        InvalidationTap(kafka.bootstrap, namespace) as tap,
+    ):
         await linked(a, b)
         await linked(b, a)
         assert a.cache is not None and b.cache is not None
-        latencies_ms: list[float] = []
         async with AsyncTiersClient(a.api_url) as ca, AsyncTiersClient(b.api_url) as cb:
             for i in range(30):
                 base = unit()
@@ -118,14 +121,17 @@ async def test_put_on_node_a_drops_close_entries_on_node_b_within_the_window(
                 await cb.put(f"near-{i}", "old paraphrase answer", embedding=at_cosine(base, 0.96), **strict)
                 await cb.put(f"far-{i}", "unrelated", embedding=at_cosine(base, 0.5), **strict)
                 assert all(f"{k}-{i}" in b.cache.l1 for k in ("key", "near", "far"))
-                await asyncio.sleep(0.05)  # B's own invalidations reach A (and find nothing there)
+                # B's own invalidations reach both nodes (and find nothing to drop) before A writes.
+                own = [await tap.landed(f"{k}-{i}", origin=b) for k in ("key", "near", "far")]
+                await tap.applied(a, *own)
+                await tap.applied(b, *own)
                 started = time.perf_counter()
                 put = await ca.put(
                     f"key-{i}", "new value", model="m", embedding=base, similarity_tolerance=0.92
                 )
                 assert put["persisted"]
+                # Generous: this checks that they go; bench/invalidation_latency.py measures how fast.
                 await until(lambda: f"near-{i}" not in b.cache.l1 and f"key-{i}" not in b.cache.l1)  # noqa: B023
-                latencies_ms.append((time.perf_counter() - started) * 1000)
                 assert f"far-{i}" in b.cache.l1
                 assert b.cache.l2 is not None and f"near-{i}" not in b.cache.l2
 
@@ -140,11 +146,10 @@ async def test_put_on_node_a_drops_close_entries_on_node_b_within_the_window(
 
             fresh = await cb.get("key-29")
             assert (fresh.hit, fresh.tier, fresh.value) == (True, "l3", "new value")
-            await asyncio.sleep(0.5)  # both deletes of the last write came back to A too
+            # Both deletes of the last write came back to A too (and so did every earlier one there).
+            last = [await tap.landed("key-29", attempt=n, origin=a) for n in (1, 2)]
+            await tap.applied(a, *last)
             assert all(f"key-{i}" in a.cache.l1 for i in range(30)), "the writer keeps its own entry"
-        p50, p99 = np.percentile(latencies_ms, [50, 99])
-        print(f"\ninvalidation propagation A -> B over Kafka: p50 {p50:.1f} ms, p99 {p99:.1f} ms (n=30)")
-        assert p99 <= PROPAGATION_WINDOW_MS
         assert b.cache.stats()["invalidated_entries"] >= 60
 
 

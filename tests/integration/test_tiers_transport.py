@@ -5,7 +5,6 @@ over the in-memory fabric), and, where a device exists, RDMA with pyverbs end to
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -221,22 +220,24 @@ async def test_peers_read_a_token_server_only_with_the_token() -> None:
 
 
 async def test_a_peer_that_accepts_but_never_answers_times_out_fast_and_is_skipped() -> None:
+    accepted = []
+
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)
         await reader.read()  # swallow requests, answer nothing
 
     server = await asyncio.start_server(silent, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         peers = L2Peers([f"127.0.0.1:{port}"], timeout_s=0.05, retry_after_ms=60_000)
-        started = time.perf_counter()
-        assert await peers.fetch_many(["k"]) == {}
-        assert time.perf_counter() - started < 0.5
+        async with asyncio.timeout(5):  # generous: the 0.05 s timeout fired rather than a hang
+            assert await peers.fetch_many(["k"]) == {}
         row = peers.stats()["peers"][0]
         assert row["timeouts"] == 1 and row["state"] == "backing_off"
-        started = time.perf_counter()
+        connections = len(accepted)
         assert await peers.fetch("k") is None
-        assert time.perf_counter() - started < 0.01, "a peer backing off costs nothing"
         assert peers.stats()["peers"][0]["skipped"] == 1
+        assert len(accepted) == connections, "a peer backing off is not even dialled"
         await peers.close()
     finally:
         server.close()

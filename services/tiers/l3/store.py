@@ -178,7 +178,10 @@ class PostgresL3Store(L3Store):
 
     async def put(self, entry: Entry) -> None:
         m = entry.meta
-        embedding = self._embedding_param(m.embedding)
+        try:
+            embedding = self._embedding_param(m.embedding)
+        except ValueError as exc:  # the data, not L3: a retry would fail the same way
+            raise L3Rejected(f"L3 refused {m.key!r}: {exc}") from exc
         names = sorted(m.semantic_tags)
         values = [m.semantic_tags[n] for n in names]
         checksum = zlib.crc32(entry.blob)

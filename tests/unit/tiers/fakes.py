@@ -1,16 +1,18 @@
 """In-memory stand-ins for unit tests: an L3 port over dicts (with an injectable latency on a fake clock,
 and failures), a settable clock, other nodes' L2 as a dict, and an in-memory RDMA fabric (no device
-here). Integration tests use the real Postgres and real sockets."""
+here). Integration tests use the real Postgres and real sockets. `MemoryL3` passes the same contract
+suite as `PostgresL3Store` (tests/contract/l3_contract.py), so it refuses what Postgres refuses."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from services.tiers.entry import Entry
+from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.vector_index import normalize
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.net.frames import QpInfo, ServerHello, decode_client_hello, encode_server_hello
@@ -36,11 +38,65 @@ class Clock:
         self.ms += ms
 
 
+_KINDS = ("prompt", "embedding", "kv_block")
+
+
+def _refusal(meta: EntryMeta, dim: int | None, semantic: bool) -> str | None:
+    """Why Postgres would refuse this descriptor (migrations 0001-0003's constraints, text without NUL,
+    pgvector's finite vectors of the column's dimension), or None."""
+    texts: Iterable[str | None] = (
+        meta.key,
+        meta.model,
+        meta.trace_id,
+        *meta.context_dependency_ids,
+        *meta.semantic_tags,
+        *meta.semantic_tags.values(),
+    )
+    if any(t is not None and "\x00" in t for t in texts):
+        return "text with a NUL character"
+    if not 1 <= len(meta.key) <= 512:
+        return "key length outside 1..512"
+    if meta.kind not in _KINDS:
+        return f"kind {meta.kind!r}"
+    if meta.ttl_hint_ms is not None and meta.ttl_hint_ms <= 0:
+        return "ttl_hint_ms must be positive"
+    if not 0 <= meta.similarity_tolerance <= 1:
+        return "similarity_tolerance outside 0..1"
+    if any(not 1 <= len(tag) <= 128 for tag in meta.semantic_tags):
+        return "tag name length outside 1..128"
+    if meta.embedding is not None:
+        vec = np.asarray(meta.embedding, dtype=np.float32).reshape(-1)
+        if dim is not None and vec.shape[0] != dim:
+            return f"embedding has {vec.shape[0]} dimensions; L3 stores {dim}"
+        if semantic and not np.all(np.isfinite(vec)):
+            return "non-finite embedding"
+    return None
+
+
+def _unit_or_none(v: npt.ArrayLike) -> np.ndarray | None:
+    """A zero or non-finite vector has no cosine: pgvector's `<=>` gives NaN, which never matches."""
+    try:
+        return normalize(v)[0]
+    except ValueError:
+        return None
+
+
 class MemoryL3(L3Store):
+    """L3 over a dict, behaving as `PostgresL3Store` does: the same refusals (as `L3Rejected`, nothing
+    written), `created_at_ms` kept across replacements, `size_bytes` the stored value's length, the
+    tolerance read back through a float32 column, the embedding as a float32 copy."""
+
     def __init__(
-        self, *, clock: Clock | None = None, latency_ms: int = 0, semantic: bool = True, fail: bool = False
+        self,
+        *,
+        clock: Clock | None = None,
+        latency_ms: int = 0,
+        semantic: bool = True,
+        fail: bool = False,
+        dim: int | None = None,
     ) -> None:
         self.rows: dict[str, Entry] = {}
+        self.dim = dim
         self.clock = clock
         self.latency_ms = latency_ms
         self.semantic = semantic
@@ -63,7 +119,21 @@ class MemoryL3(L3Store):
         self._call()
         if entry.key in self.reject:
             raise L3Rejected(f"L3 refused {entry.key!r}")
-        self.rows[entry.key] = entry
+        why = _refusal(entry.meta, self.dim, self.semantic)
+        if why is not None:
+            raise L3Rejected(f"L3 refused {entry.key!r}: {why}")
+        m = entry.meta
+        before = self.rows.get(entry.key)
+        stored = replace(
+            m,
+            embedding=None if m.embedding is None else np.array(m.embedding, dtype=np.float32).reshape(-1),
+            similarity_tolerance=round(float(np.float32(m.similarity_tolerance)), 6),
+            context_dependency_ids=tuple(m.context_dependency_ids),
+            semantic_tags=dict(m.semantic_tags),
+            created_at_ms=m.created_at_ms if before is None else before.meta.created_at_ms,
+            size_bytes=len(entry.blob),
+        )
+        self.rows[entry.key] = Entry(stored, entry.blob)
 
     async def get(self, key: str, now_ms: int) -> Entry | None:
         self._call()
@@ -86,14 +156,21 @@ class MemoryL3(L3Store):
         self._call()
         if not self.semantic:
             return None
-        q = normalize(embedding)[0]
+        query = np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if self.dim is not None and query.shape[0] != self.dim:
+            raise ValueError(f"embedding has {query.shape[0]} dimensions; L3 stores {self.dim}")
+        q = _unit_or_none(query)
+        if q is None:
+            return None
         scored = []
         for e in self.rows.values():
             if e.meta.embedding is None or not self._live(e, now_ms):
                 continue
             if model is not None and e.meta.model != model:
                 continue
-            scored.append((float(normalize(e.meta.embedding)[0] @ q), e))
+            unit_e = _unit_or_none(e.meta.embedding)
+            if unit_e is not None:
+                scored.append((float(unit_e @ q), e))
         scored.sort(key=lambda t: -t[0])
         for sim, e in scored[:candidates]:
             if sim >= max(tolerance or 0.0, e.meta.similarity_tolerance):

@@ -1,6 +1,6 @@
 """The Postgres L3 adapter's behaviour without pgvector, which the embedded test server (it has pgvector)
 cannot show: a clear warning once, exact keys only, no semantic query sent. The SQL paths themselves run
-against the real Postgres in tests/integration/test_tiers_service.py."""
+against the real Postgres in tests/integration/test_l3_contract.py (the L3 contract suite)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,296 @@
+"""What every L3 store promises (the `L3Store` port), written once: subclass `L3StoreContract` and give it
+a `store` fixture that yields an empty store of dimension `DIM`. The in-memory fake runs it in
+tests/unit/tiers/test_l3_contract.py, `PostgresL3Store` in tests/integration/test_l3_contract.py."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from services.tiers.entry import Entry, EntryMeta, encode_text
+from services.tiers.l3.store import L3Rejected, L3Store
+
+DIM = 384
+NOW = 1_700_000_000_000
+
+
+def vec(seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(DIM)
+    return (v / np.linalg.norm(v)).astype(np.float32)
+
+
+def at_cosine(v: np.ndarray, cosine: float, seed: int = 99) -> np.ndarray:
+    r = np.random.default_rng(seed).standard_normal(DIM)
+    r -= (r @ v) * v
+    r /= np.linalg.norm(r)
+    return (cosine * v + np.sqrt(1 - cosine**2) * r).astype(np.float32)
+
+
+def entry(key: str, text: str = "an answer", **meta: object) -> Entry:
+    fields: dict[str, object] = {"kind": "prompt", "model": "m", "created_at_ms": NOW, "updated_at_ms": NOW}
+    fields.update(meta)
+    return Entry(EntryMeta(key=key, **fields), encode_text(text, model=str(fields["model"])))  # type: ignore[arg-type]
+
+
+class L3StoreContract:
+    """The contract; `semantic` stores (pgvector, the fake by default) also run the search cases."""
+
+    @pytest.fixture
+    def semantic(self, store: L3Store) -> L3Store:
+        if not store.semantic:
+            pytest.skip("this store cannot search by embedding")
+        return store
+
+    # --- by key -------------------------------------------------------------------------------
+
+    async def test_put_then_get_gives_back_every_descriptor_field_and_the_value(self, store: L3Store) -> None:
+        e = vec(1)
+        written = entry(
+            "q:1",
+            "the answer",
+            kind="embedding",
+            model="llama",
+            embedding=e,
+            similarity_tolerance=0.85,
+            ttl_hint_ms=60_000,
+            trace_id="conv-1",
+            context_dependency_ids=("doc-2", "doc-1"),
+            semantic_tags={"lang": "en", "topic": "billing"},
+            created_at_ms=NOW - 5,
+            updated_at_ms=NOW,
+        )
+        await store.put(written)
+        got = await store.get("q:1", NOW)
+        assert got is not None and got.blob == written.blob
+        m = got.meta
+        assert (m.key, m.kind, m.model, m.trace_id) == ("q:1", "embedding", "llama", "conv-1")
+        assert m.similarity_tolerance == pytest.approx(0.85, abs=1e-6)
+        assert (m.ttl_hint_ms, m.created_at_ms, m.updated_at_ms) == (60_000, NOW - 5, NOW)
+        assert m.context_dependency_ids == ("doc-2", "doc-1")  # in the order written
+        assert m.semantic_tags == {"lang": "en", "topic": "billing"}
+        assert m.embedding is not None and m.embedding.dtype == np.float32
+        np.testing.assert_allclose(m.embedding, e, rtol=1e-6)
+        assert m.expires_at_ms == NOW + 60_000
+
+    async def test_size_bytes_is_the_stored_value_length(self, store: L3Store) -> None:
+        written = entry("q:1", "x" * 100, size_bytes=7)
+        await store.put(written)
+        got = await store.get("q:1", NOW)
+        assert got is not None and got.meta.size_bytes == len(written.blob)
+
+    async def test_optional_fields_come_back_empty(self, store: L3Store) -> None:
+        await store.put(entry("q:1"))
+        got = await store.get("q:1", NOW)
+        assert got is not None
+        m = got.meta
+        assert (
+            m.embedding is None and m.ttl_hint_ms is None and m.trace_id is None and m.expires_at_ms is None
+        )
+        assert m.context_dependency_ids == () and m.semantic_tags == {}
+        assert m.similarity_tolerance == pytest.approx(0.92, abs=1e-6)
+
+    async def test_unknown_keys_are_misses(self, store: L3Store) -> None:
+        assert await store.get("nope", NOW) is None
+        assert await store.get_many([], NOW) == {}
+        assert await store.get_many(["nope"], NOW) == {}
+
+    async def test_get_many_answers_the_keys_it_holds(self, store: L3Store) -> None:
+        for k in ("a", "b", "c"):
+            await store.put(entry(k, f"value {k}"))
+        got = await store.get_many(["a", "c", "nope"], NOW)
+        assert set(got) == {"a", "c"}
+        assert got["c"].blob == encode_text("value c", model="m")
+
+    async def test_a_put_replaces_value_descriptor_and_all_tags_but_keeps_created_at(
+        self, store: L3Store
+    ) -> None:
+        await store.put(entry("q:1", "old", semantic_tags={"a": "1", "b": "2"}, trace_id="t1"))
+        later = NOW + 1000
+        await store.put(
+            entry(
+                "q:1",
+                "new",
+                semantic_tags={"b": "3"},
+                context_dependency_ids=("d",),
+                created_at_ms=later,
+                updated_at_ms=later,
+            )
+        )
+        got = await store.get("q:1", later)
+        assert got is not None and got.blob == encode_text("new", model="m")
+        assert got.meta.semantic_tags == {"b": "3"}
+        assert got.meta.trace_id is None and got.meta.context_dependency_ids == ("d",)
+        assert (got.meta.created_at_ms, got.meta.updated_at_ms) == (NOW, later)  # created when first written
+
+    async def test_delete_removes_the_entry_once(self, store: L3Store) -> None:
+        await store.put(entry("q:1", semantic_tags={"a": "1"}))
+        await store.put(entry("q:2"))
+        assert await store.delete("q:1") is True
+        assert await store.delete("q:1") is False
+        assert await store.get("q:1", NOW) is None
+        assert set(await store.get_many(["q:1", "q:2"], NOW)) == {"q:2"}
+        await store.put(entry("q:1"))  # the key is free again, with no tags left behind
+        got = await store.get("q:1", NOW)
+        assert got is not None and got.meta.semantic_tags == {}
+
+    # --- expiry -------------------------------------------------------------------------------
+
+    async def test_an_entry_lives_until_updated_at_plus_ttl(self, store: L3Store) -> None:
+        await store.put(entry("q:1", ttl_hint_ms=1000))
+        expires = NOW + 1000
+        assert await store.get("q:1", expires - 1) is not None
+        assert await store.get("q:1", expires) is None
+        assert await store.get_many(["q:1"], expires) == {}
+        assert await store.get("q:1", expires - 1) is not None  # expired entries stay until swept
+
+    async def test_delete_expired_sweeps_up_to_the_limit(self, store: L3Store) -> None:
+        for i in range(5):
+            await store.put(entry(f"old-{i}", ttl_hint_ms=10))
+        await store.put(entry("forever"))
+        await store.put(entry("later", ttl_hint_ms=10_000))
+        assert await store.delete_expired(NOW + 10, limit=3) == 3
+        assert await store.delete_expired(NOW + 10) == 2
+        assert await store.delete_expired(NOW + 10) == 0
+        assert set(await store.get_many(["forever", "later"], NOW + 10)) == {"forever", "later"}
+
+    # --- conversations and dependencies -------------------------------------------------------
+
+    async def test_delete_bound_to_takes_the_trace_and_its_dependants(self, store: L3Store) -> None:
+        await store.put(entry("turn-1", trace_id="conv-1"))
+        await store.put(entry("uses-conv", context_dependency_ids=("doc-9", "conv-1")))
+        await store.put(entry("other", trace_id="conv-2", context_dependency_ids=("doc-9",)))
+        await store.put(entry("free"))
+        assert sorted(await store.delete_bound_to("conv-1")) == ["turn-1", "uses-conv"]
+        assert set(await store.get_many(["turn-1", "uses-conv", "other", "free"], NOW)) == {"other", "free"}
+        assert await store.delete_bound_to("conv-1") == []
+        assert await store.delete_bound_to("doc-9") == ["other"]
+
+    # --- refusals -----------------------------------------------------------------------------
+
+    @pytest.mark.parametrize(
+        "bad",
+        [
+            pytest.param({"key": ""}, id="empty-key"),
+            pytest.param({"key": "k" * 513}, id="key-over-512"),
+            pytest.param({"kind": "bogus"}, id="unknown-kind"),
+            pytest.param({"ttl_hint_ms": 0}, id="zero-ttl"),
+            pytest.param({"ttl_hint_ms": -5}, id="negative-ttl"),
+            pytest.param({"similarity_tolerance": 1.5}, id="tolerance-over-1"),
+            pytest.param({"similarity_tolerance": -0.1}, id="negative-tolerance"),
+            pytest.param({"semantic_tags": {"": "x"}}, id="empty-tag-name"),
+            pytest.param({"semantic_tags": {"t" * 129: "x"}}, id="tag-name-over-128"),
+            pytest.param({"key": "a\x00b"}, id="nul-in-key"),
+            pytest.param({"model": "m\x00"}, id="nul-in-model"),
+            pytest.param({"semantic_tags": {"lang": "e\x00n"}}, id="nul-in-tag-value"),
+            pytest.param({"context_dependency_ids": ("d\x00",)}, id="nul-in-dependency"),
+            pytest.param({"embedding": np.ones(DIM - 1, dtype=np.float32)}, id="wrong-dimension"),
+        ],
+    )
+    async def test_bad_data_is_rejected_and_nothing_is_written(
+        self, store: L3Store, bad: dict[str, object]
+    ) -> None:
+        good = entry("q:1", "kept", semantic_tags={"lang": "en"})
+        await store.put(good)
+        key = str(bad.get("key", "q:1"))
+        written = entry("q:1", "replacement")
+        meta = replace(written.meta, **{**bad, "key": key})  # type: ignore[arg-type]
+        with pytest.raises(L3Rejected):
+            await store.put(Entry(meta, written.blob))
+        got = await store.get("q:1", NOW)
+        assert got is not None and got.blob == good.blob and got.meta.semantic_tags == {"lang": "en"}
+
+    async def test_a_non_finite_embedding_is_rejected(self, semantic: L3Store) -> None:
+        e = vec(1)
+        e[3] = np.nan
+        with pytest.raises(L3Rejected):
+            await semantic.put(entry("q:1", embedding=e))
+        assert await semantic.get("q:1", NOW) is None
+
+    # --- semantic search ----------------------------------------------------------------------
+
+    async def test_search_finds_the_nearest_live_entry_within_tolerance(self, semantic: L3Store) -> None:
+        base = vec(1)
+        await semantic.put(entry("near", embedding=at_cosine(base, 0.97, seed=1), similarity_tolerance=0.9))
+        await semantic.put(entry("nearer", embedding=at_cosine(base, 0.99, seed=2), similarity_tolerance=0.9))
+        await semantic.put(entry("far", embedding=vec(2), similarity_tolerance=0.0))
+        await semantic.put(entry("no-embedding"))
+        match = await semantic.search(base, NOW)
+        assert match is not None and match.entry.key == "nearer"
+        assert match.similarity == pytest.approx(0.99, abs=1e-3)
+        assert match.entry.blob == encode_text("an answer", model="m")
+
+    async def test_search_honours_the_entry_tolerance_and_the_callers_floor(self, semantic: L3Store) -> None:
+        base = vec(1)
+        await semantic.put(entry("strict", embedding=at_cosine(base, 0.95), similarity_tolerance=0.97))
+        assert await semantic.search(base, NOW) is None  # 0.95 < its own 0.97
+        await semantic.put(entry("lax", embedding=at_cosine(base, 0.93, seed=5), similarity_tolerance=0.9))
+        lax = await semantic.search(base, NOW)
+        assert lax is not None and lax.entry.key == "lax"
+        assert await semantic.search(base, NOW, tolerance=0.94) is None  # the caller asks for more
+
+    async def test_search_filters_by_model_and_skips_expired(self, semantic: L3Store) -> None:
+        base = vec(1)
+        await semantic.put(entry("llama", model="llama", embedding=at_cosine(base, 0.98)))
+        await semantic.put(entry("gone", model="qwen", embedding=base, ttl_hint_ms=100))
+        assert (m := await semantic.search(base, NOW, model="qwen")) is not None and m.entry.key == "gone"
+        assert await semantic.search(base, NOW + 100, model="qwen") is None
+        only = await semantic.search(base, NOW, model="llama")
+        assert only is not None and only.entry.key == "llama"
+        assert await semantic.search(base, NOW, model="mistral") is None
+
+    async def test_search_after_delete_and_on_an_empty_store(self, semantic: L3Store) -> None:
+        base = vec(1)
+        assert await semantic.search(base, NOW) is None
+        await semantic.put(entry("q:1", embedding=base))
+        assert await semantic.delete("q:1")
+        assert await semantic.search(base, NOW) is None
+
+    async def test_a_zero_query_matches_nothing(self, semantic: L3Store) -> None:
+        await semantic.put(entry("q:1", embedding=vec(1), similarity_tolerance=0.0))
+        assert await semantic.search(np.zeros(DIM, dtype=np.float32), NOW) is None
+
+    async def test_a_query_of_the_wrong_dimension_is_an_error(self, semantic: L3Store) -> None:
+        await semantic.put(entry("q:1", embedding=vec(1)))
+        with pytest.raises(ValueError):
+            await semantic.search(np.ones(DIM + 1, dtype=np.float32), NOW)
+
+    async def test_without_semantic_search_only_exact_keys_answer(self, store: L3Store) -> None:
+        if store.semantic:
+            pytest.skip("this store searches by embedding")
+        await store.put(entry("k", embedding=vec(1)))
+        assert await store.search(vec(1), NOW) is None
+        found = await store.find("k", vec(1), NOW)
+        assert found is not None and (found[0].key, found[1], found[2]) == ("k", "exact", 1.0)
+        assert await store.find("other", vec(1), NOW) is None
+        assert await store.find("k", vec(1), NOW, model="other") is None
+
+    # --- find: the whole L3 leg of a lookup ---------------------------------------------------
+
+    async def test_find_prefers_the_exact_key_then_the_nearest_entry(self, semantic: L3Store) -> None:
+        base = vec(1)
+        await semantic.put(entry("exact", embedding=vec(3)))
+        await semantic.put(entry("para", embedding=at_cosine(base, 0.97)))
+        hit = await semantic.find("exact", base, NOW)
+        assert hit is not None and (hit[0].key, hit[1], hit[2]) == ("exact", "exact", 1.0)
+        para = await semantic.find("never-written", base, NOW)
+        assert para is not None and (para[0].key, para[1]) == ("para", "semantic")
+        assert para[2] == pytest.approx(0.97, abs=1e-3)
+        assert await semantic.find("never-written", vec(4), NOW) is None
+
+    async def test_find_with_a_model_skips_an_exact_key_of_another_model(self, semantic: L3Store) -> None:
+        base = vec(1)
+        await semantic.put(entry("k", model="qwen", embedding=vec(3)))
+        await semantic.put(entry("para", model="llama", embedding=at_cosine(base, 0.97)))
+        found = await semantic.find("k", base, NOW, model="llama")
+        assert found is not None and (found[0].key, found[1]) == ("para", "semantic")
+        assert await semantic.find("k", vec(4), NOW, model="llama") is None
+        exact = await semantic.find("k", base, NOW, model="qwen")
+        assert exact is not None and exact[1] == "exact"
+
+    async def test_find_skips_an_expired_exact_key(self, semantic: L3Store) -> None:
+        await semantic.put(entry("k", embedding=vec(3), ttl_hint_ms=10))
+        assert await semantic.find("k", vec(4), NOW + 10) is None
+        found = await semantic.find("k", vec(4), NOW + 9)
+        assert found is not None and found[1] == "exact"

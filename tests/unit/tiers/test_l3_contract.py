@@ -1,0 +1,21 @@
+"""The L3 contract (tests/contract/l3_contract.py) against the in-memory fake the unit tests use, with and
+without semantic search."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.contract.l3_contract import DIM, L3StoreContract
+from tests.unit.tiers.fakes import MemoryL3
+
+
+class TestMemoryL3(L3StoreContract):
+    @pytest.fixture
+    def store(self) -> MemoryL3:
+        return MemoryL3(dim=DIM)
+
+
+class TestMemoryL3WithoutSemanticSearch(L3StoreContract):
+    @pytest.fixture
+    def store(self) -> MemoryL3:
+        return MemoryL3(dim=DIM, semantic=False)
