@@ -1,5 +1,6 @@
-"""What every L3 store promises (the `L3Store` port), written once: subclass `L3StoreContract` and give it
-a `store` fixture that yields an empty store of dimension `DIM`. The in-memory fake runs it in
+"""What every L3 store promises (the `L3Store` port), written once: subclass `SemanticL3Contract` (a store
+that searches by embedding) or `ExactOnlyL3Contract` and give it a `store` fixture that yields an empty
+store of dimension `DIM`. The in-memory fake runs it in
 tests/unit/tiers/test_l3_contract.py, `PostgresL3Store` in tests/integration/test_l3_contract.py."""
 
 from __future__ import annotations
@@ -35,13 +36,8 @@ def entry(key: str, text: str = "an answer", **meta: object) -> Entry:
 
 
 class L3StoreContract:
-    """The contract; `semantic` stores (pgvector, the fake by default) also run the search cases."""
-
-    @pytest.fixture
-    def semantic(self, store: L3Store) -> L3Store:
-        if not store.semantic:
-            pytest.skip("this store cannot search by embedding")
-        return store
+    """What every store promises, by key; `SemanticL3Contract` / `ExactOnlyL3Contract` add the search
+    cases of stores with and without semantic search."""
 
     # --- by key -------------------------------------------------------------------------------
 
@@ -201,96 +197,102 @@ class L3StoreContract:
         got = await store.get("q:1", NOW)
         assert got is not None and got.blob == good.blob and got.meta.semantic_tags == {"lang": "en"}
 
-    async def test_a_non_finite_embedding_is_rejected(self, semantic: L3Store) -> None:
+    # --- semantic search ----------------------------------------------------------------------
+
+    # --- find: the whole L3 leg of a lookup ---------------------------------------------------
+
+
+class SemanticL3Contract(L3StoreContract):
+    """The contract of a store that searches by embedding (pgvector; the fake with `semantic=True`)."""
+
+    async def test_a_non_finite_embedding_is_rejected(self, store: L3Store) -> None:
         e = vec(1)
         e[3] = np.nan
         with pytest.raises(L3Rejected):
-            await semantic.put(entry("q:1", embedding=e))
-        assert await semantic.get("q:1", NOW) is None
+            await store.put(entry("q:1", embedding=e))
+        assert await store.get("q:1", NOW) is None
 
-    # --- semantic search ----------------------------------------------------------------------
-
-    async def test_search_finds_the_nearest_live_entry_within_tolerance(self, semantic: L3Store) -> None:
+    async def test_search_finds_the_nearest_live_entry_within_tolerance(self, store: L3Store) -> None:
         base = vec(1)
-        await semantic.put(entry("near", embedding=at_cosine(base, 0.97, seed=1), similarity_tolerance=0.9))
-        await semantic.put(entry("nearer", embedding=at_cosine(base, 0.99, seed=2), similarity_tolerance=0.9))
-        await semantic.put(entry("far", embedding=vec(2), similarity_tolerance=0.0))
-        await semantic.put(entry("no-embedding"))
-        match = await semantic.search(base, NOW)
+        await store.put(entry("near", embedding=at_cosine(base, 0.97, seed=1), similarity_tolerance=0.9))
+        await store.put(entry("nearer", embedding=at_cosine(base, 0.99, seed=2), similarity_tolerance=0.9))
+        await store.put(entry("far", embedding=vec(2), similarity_tolerance=0.0))
+        await store.put(entry("no-embedding"))
+        match = await store.search(base, NOW)
         assert match is not None and match.entry.key == "nearer"
         assert match.similarity == pytest.approx(0.99, abs=1e-3)
         assert match.entry.blob == encode_text("an answer", model="m")
 
-    async def test_search_honours_the_entry_tolerance_and_the_callers_floor(self, semantic: L3Store) -> None:
+    async def test_search_honours_the_entry_tolerance_and_the_callers_floor(self, store: L3Store) -> None:
         base = vec(1)
-        await semantic.put(entry("strict", embedding=at_cosine(base, 0.95), similarity_tolerance=0.97))
-        assert await semantic.search(base, NOW) is None  # 0.95 < its own 0.97
-        await semantic.put(entry("lax", embedding=at_cosine(base, 0.93, seed=5), similarity_tolerance=0.9))
-        lax = await semantic.search(base, NOW)
+        await store.put(entry("strict", embedding=at_cosine(base, 0.95), similarity_tolerance=0.97))
+        assert await store.search(base, NOW) is None  # 0.95 < its own 0.97
+        await store.put(entry("lax", embedding=at_cosine(base, 0.93, seed=5), similarity_tolerance=0.9))
+        lax = await store.search(base, NOW)
         assert lax is not None and lax.entry.key == "lax"
-        assert await semantic.search(base, NOW, tolerance=0.94) is None  # the caller asks for more
+        assert await store.search(base, NOW, tolerance=0.94) is None  # the caller asks for more
 
-    async def test_search_filters_by_model_and_skips_expired(self, semantic: L3Store) -> None:
+    async def test_search_filters_by_model_and_skips_expired(self, store: L3Store) -> None:
         base = vec(1)
-        await semantic.put(entry("llama", model="llama", embedding=at_cosine(base, 0.98)))
-        await semantic.put(entry("gone", model="qwen", embedding=base, ttl_hint_ms=100))
-        assert (m := await semantic.search(base, NOW, model="qwen")) is not None and m.entry.key == "gone"
-        assert await semantic.search(base, NOW + 100, model="qwen") is None
-        only = await semantic.search(base, NOW, model="llama")
+        await store.put(entry("llama", model="llama", embedding=at_cosine(base, 0.98)))
+        await store.put(entry("gone", model="qwen", embedding=base, ttl_hint_ms=100))
+        assert (m := await store.search(base, NOW, model="qwen")) is not None and m.entry.key == "gone"
+        assert await store.search(base, NOW + 100, model="qwen") is None
+        only = await store.search(base, NOW, model="llama")
         assert only is not None and only.entry.key == "llama"
-        assert await semantic.search(base, NOW, model="mistral") is None
+        assert await store.search(base, NOW, model="mistral") is None
 
-    async def test_search_after_delete_and_on_an_empty_store(self, semantic: L3Store) -> None:
+    async def test_search_after_delete_and_on_an_empty_store(self, store: L3Store) -> None:
         base = vec(1)
-        assert await semantic.search(base, NOW) is None
-        await semantic.put(entry("q:1", embedding=base))
-        assert await semantic.delete("q:1")
-        assert await semantic.search(base, NOW) is None
+        assert await store.search(base, NOW) is None
+        await store.put(entry("q:1", embedding=base))
+        assert await store.delete("q:1")
+        assert await store.search(base, NOW) is None
 
-    async def test_a_zero_query_matches_nothing(self, semantic: L3Store) -> None:
-        await semantic.put(entry("q:1", embedding=vec(1), similarity_tolerance=0.0))
-        assert await semantic.search(np.zeros(DIM, dtype=np.float32), NOW) is None
+    async def test_a_zero_query_matches_nothing(self, store: L3Store) -> None:
+        await store.put(entry("q:1", embedding=vec(1), similarity_tolerance=0.0))
+        assert await store.search(np.zeros(DIM, dtype=np.float32), NOW) is None
 
-    async def test_a_query_of_the_wrong_dimension_is_an_error(self, semantic: L3Store) -> None:
-        await semantic.put(entry("q:1", embedding=vec(1)))
+    async def test_a_query_of_the_wrong_dimension_is_an_error(self, store: L3Store) -> None:
+        await store.put(entry("q:1", embedding=vec(1)))
         with pytest.raises(ValueError):
-            await semantic.search(np.ones(DIM + 1, dtype=np.float32), NOW)
+            await store.search(np.ones(DIM + 1, dtype=np.float32), NOW)
+
+    async def test_find_prefers_the_exact_key_then_the_nearest_entry(self, store: L3Store) -> None:
+        base = vec(1)
+        await store.put(entry("exact", embedding=vec(3)))
+        await store.put(entry("para", embedding=at_cosine(base, 0.97)))
+        hit = await store.find("exact", base, NOW)
+        assert hit is not None and (hit[0].key, hit[1], hit[2]) == ("exact", "exact", 1.0)
+        para = await store.find("never-written", base, NOW)
+        assert para is not None and (para[0].key, para[1]) == ("para", "semantic")
+        assert para[2] == pytest.approx(0.97, abs=1e-3)
+        assert await store.find("never-written", vec(4), NOW) is None
+
+    async def test_find_with_a_model_skips_an_exact_key_of_another_model(self, store: L3Store) -> None:
+        base = vec(1)
+        await store.put(entry("k", model="qwen", embedding=vec(3)))
+        await store.put(entry("para", model="llama", embedding=at_cosine(base, 0.97)))
+        found = await store.find("k", base, NOW, model="llama")
+        assert found is not None and (found[0].key, found[1]) == ("para", "semantic")
+        assert await store.find("k", vec(4), NOW, model="llama") is None
+        exact = await store.find("k", base, NOW, model="qwen")
+        assert exact is not None and exact[1] == "exact"
+
+    async def test_find_skips_an_expired_exact_key(self, store: L3Store) -> None:
+        await store.put(entry("k", embedding=vec(3), ttl_hint_ms=10))
+        assert await store.find("k", vec(4), NOW + 10) is None
+        found = await store.find("k", vec(4), NOW + 9)
+        assert found is not None and found[1] == "exact"
+
+
+class ExactOnlyL3Contract(L3StoreContract):
+    """The contract of a store without semantic search (Postgres without pgvector)."""
 
     async def test_without_semantic_search_only_exact_keys_answer(self, store: L3Store) -> None:
-        if store.semantic:
-            pytest.skip("this store searches by embedding")
         await store.put(entry("k", embedding=vec(1)))
         assert await store.search(vec(1), NOW) is None
         found = await store.find("k", vec(1), NOW)
         assert found is not None and (found[0].key, found[1], found[2]) == ("k", "exact", 1.0)
         assert await store.find("other", vec(1), NOW) is None
         assert await store.find("k", vec(1), NOW, model="other") is None
-
-    # --- find: the whole L3 leg of a lookup ---------------------------------------------------
-
-    async def test_find_prefers_the_exact_key_then_the_nearest_entry(self, semantic: L3Store) -> None:
-        base = vec(1)
-        await semantic.put(entry("exact", embedding=vec(3)))
-        await semantic.put(entry("para", embedding=at_cosine(base, 0.97)))
-        hit = await semantic.find("exact", base, NOW)
-        assert hit is not None and (hit[0].key, hit[1], hit[2]) == ("exact", "exact", 1.0)
-        para = await semantic.find("never-written", base, NOW)
-        assert para is not None and (para[0].key, para[1]) == ("para", "semantic")
-        assert para[2] == pytest.approx(0.97, abs=1e-3)
-        assert await semantic.find("never-written", vec(4), NOW) is None
-
-    async def test_find_with_a_model_skips_an_exact_key_of_another_model(self, semantic: L3Store) -> None:
-        base = vec(1)
-        await semantic.put(entry("k", model="qwen", embedding=vec(3)))
-        await semantic.put(entry("para", model="llama", embedding=at_cosine(base, 0.97)))
-        found = await semantic.find("k", base, NOW, model="llama")
-        assert found is not None and (found[0].key, found[1]) == ("para", "semantic")
-        assert await semantic.find("k", vec(4), NOW, model="llama") is None
-        exact = await semantic.find("k", base, NOW, model="qwen")
-        assert exact is not None and exact[1] == "exact"
-
-    async def test_find_skips_an_expired_exact_key(self, semantic: L3Store) -> None:
-        await semantic.put(entry("k", embedding=vec(3), ttl_hint_ms=10))
-        assert await semantic.find("k", vec(4), NOW + 10) is None
-        found = await semantic.find("k", vec(4), NOW + 9)
-        assert found is not None and found[1] == "exact"

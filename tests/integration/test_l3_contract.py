@@ -14,7 +14,7 @@ from pydantic import SecretStr
 from services.runtime.postgres import Database, apply_migrations
 from services.runtime.settings import PostgresSettings
 from services.tiers.l3.store import PostgresL3Store
-from tests.contract.l3_contract import DIM, L3StoreContract
+from tests.contract.l3_contract import DIM, SemanticL3Contract
 
 pytestmark = pytest.mark.integration
 
@@ -45,8 +45,10 @@ async def contract_db(postgres) -> AsyncIterator[Database]:  # type: ignore[no-u
         await admin.close()
 
 
-class TestPostgresL3Store(L3StoreContract):
+class TestPostgresL3Store(SemanticL3Contract):
     @pytest.fixture
     async def store(self, contract_db: Database) -> PostgresL3Store:
         await contract_db.execute("TRUNCATE cache_descriptors CASCADE")
-        return PostgresL3Store(contract_db, dim=DIM)
+        store = PostgresL3Store(contract_db, dim=DIM)
+        assert store.semantic, "the contract's Postgres needs pgvector (the embedded server has it)"
+        return store
