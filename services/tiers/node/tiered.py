@@ -24,7 +24,6 @@ import asyncio
 import hashlib
 import logging
 import time
-from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -49,8 +48,8 @@ from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
-from services.tiers.l3.store import L3Rejected, L3Store
 from services.tiers.node.outbox import AccessRecord, Outbox
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
 
 log = logging.getLogger(__name__)
 
@@ -60,26 +59,6 @@ Match = Literal["exact", "semantic"]
 
 class L3Unavailable(RuntimeError):
     """L3 is behind an open breaker and the write-behind queue is full."""
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteHit:
-    entry: Entry
-    peer: str  # the node's block server, host:port
-
-
-class RemoteL2(ABC):
-    """Other nodes' L2 pools, by exact key. Must not raise: a peer that fails or times out is a miss
-    (counted in `stats`)."""
-
-    @abstractmethod
-    async def fetch_many(self, keys: Sequence[str]) -> dict[str, RemoteHit]: ...
-
-    async def fetch(self, key: str) -> RemoteHit | None:
-        return (await self.fetch_many([key])).get(key)
-
-    @abstractmethod
-    def stats(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,7 @@ from services.tiers.l2.net.rdma import (
     decode_client_hello,
     encode_server_hello,
 )
-from services.tiers.l3.store import L3Rejected, L3Store, SemanticMatch
-from services.tiers.node.tiered import RemoteHit, RemoteL2
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, SemanticMatch
 
 
 class Clock:
