@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 
@@ -80,8 +80,7 @@ if PLAN[: len(LOCAL_PLAN)] != LOCAL_PLAN:
     raise AssertionError("the in-process steps must come before any step that leaves the process")
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
+class Found(NamedTuple):  # a tuple: built on the in-process fast path
     entry: Entry
     tier: Tier
     match: Match
@@ -93,7 +92,7 @@ class Walk:
     """One lookup (`batched` False) or a batch walking the plan: which queries are still open, what was
     found, which were degraded."""
 
-    __slots__ = ("_open", "batched", "degraded", "found", "queries")
+    __slots__ = ("_open", "batched", "degraded", "found", "left", "queries")
 
     def __init__(self, queries: Sequence[Query], *, batched: bool) -> None:
         self.queries = queries
@@ -103,13 +102,16 @@ class Walk:
         self.degraded = [False] * n
         # False once answered, or once every step that could answer it was asked (a fused call).
         self._open = [True] * n
+        self.left = n  # how many are still open: at 0 the walk stops
 
     def todo(self, step: Step) -> list[int]:
         """The queries `step` may still answer: open, and holding what it needs (key or embedding)."""
-        qs = self.queries
-        if step.match == "exact":
-            return [i for i, is_open in enumerate(self._open) if is_open and qs[i].key is not None]
-        return [i for i, is_open in enumerate(self._open) if is_open and qs[i].embedding is not None]
+        qs, exact = self.queries, step.match == "exact"
+        return [
+            i
+            for i, is_open in enumerate(self._open)
+            if is_open and (qs[i].key if exact else qs[i].embedding) is not None
+        ]
 
     def hit(
         self,
@@ -122,7 +124,11 @@ class Walk:
         peer: str | None = None,
     ) -> None:
         self.found[i] = Found(entry, step.tier, match or step.match, similarity, peer)
-        self._open[i] = False
+        if self._open[i]:
+            self._open[i] = False
+            self.left -= 1
 
     def close(self, i: int) -> None:
-        self._open[i] = False
+        if self._open[i]:
+            self._open[i] = False
+            self.left -= 1

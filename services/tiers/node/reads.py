@@ -273,7 +273,7 @@ class TierReads:
     def _walk_in_process(self, walk: Walk, plan: Sequence[Step]) -> None:
         """The in-process steps of `plan` (its first ones), synchronously."""
         for step in plan:
-            if not step.in_process:
+            if not step.in_process or not walk.left:
                 break
             if not (todo := walk.todo(step)):
                 continue
@@ -291,6 +291,8 @@ class TierReads:
         """The whole plan: the in-process steps, then the peers and L3 (those configured)."""
         self._walk_in_process(walk, PLAN)
         for step in PLAN:
+            if not walk.left:
+                break
             if step.in_process or not (todo := walk.todo(step)):
                 continue
             match step.source, step.match:
