@@ -128,6 +128,11 @@ class Walk:
             self._open[i] = False
             self.left -= 1
 
+    def asked(self, i: int, step: Step, ran: bool) -> None:
+        """`step` was asked for query `i`; a guarded step that did not run degrades the answer."""
+        if step.guarded and not ran:
+            self.degraded[i] = True
+
     def close(self, i: int) -> None:
         if self._open[i]:
             self._open[i] = False

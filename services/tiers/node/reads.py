@@ -370,7 +370,7 @@ class TierReads:
                     tolerance=q.tolerance,
                     candidates=self.l3_candidates,
                 )
-                walk.degraded[i] = walk.degraded[i] or not ran
+                walk.asked(i, step, ran)
                 walk.close(i)  # both L3 legs were asked
                 if found is not None:
                     self._promote(step, found[0])
@@ -381,7 +381,7 @@ class TierReads:
         for i in todo:
             q = qs[i]
             entry = (rows or {}).get(q.key)
-            walk.degraded[i] = walk.degraded[i] or not ran
+            walk.asked(i, step, ran)
             if entry is not None and (q.model is None or entry.meta.model == q.model):
                 self._promote(step, entry)
                 walk.hit(i, step, entry, 1.0)
@@ -401,7 +401,7 @@ class TierReads:
                 )
             )
         for i, (ran, match) in zip(todo, results, strict=True):
-            walk.degraded[i] = walk.degraded[i] or not ran
+            walk.asked(i, step, ran)
             if match is not None:
                 self._promote(step, match.entry)
                 walk.hit(i, step, match.entry, match.similarity)

@@ -44,3 +44,14 @@ def test_a_step_is_asked_for_the_open_queries_holding_what_it_needs() -> None:
     assert found is not None and (found.tier, found.match, found.peer) == ("l1", "exact", None)
     walk.close(1)
     assert walk.todo(semantic) == [] and walk.found[1] is None
+
+
+def test_only_a_guarded_step_that_did_not_run_degrades_the_answer() -> None:
+    walk = Walk([Query(key="a"), Query(key="b")], batched=True)
+    peers, l3 = PLAN[3], PLAN[4]
+    walk.asked(0, peers, False)
+    walk.asked(1, l3, True)
+    assert walk.degraded == [False, False]
+    walk.asked(0, l3, False)
+    walk.asked(0, l3, True)
+    assert walk.degraded == [True, False]
