@@ -1,3 +1,4 @@
-"""The cache tiers (DESIGN.md §1): L1 in-process (`l1`, `cuckoo`, `vector_index`), the L2 block pool
-(`block_pool`, `l2`) and its node-to-node `transport`, L3 on Postgres (`l3_store`), the LLM-aware value
-`codec`, and the node that ties them together (`tiered`, `api`, `service`; `client` for callers)."""
+"""A tier node (DESIGN.md §1), in wings: `l1` (in process: cuckoo table, vector index), `l2` (the block
+pool; `l2/net` shares it with other nodes), `l3` (Postgres and its breaker), `node` (the core: the lookup
+plan, the tiered cache, the outbox) and `edge` (HTTP API, client, embedder). At the top: `ports` (what the
+core needs from L3 and the peers), `settings` (a leaf), `entry` and `codec` (values), `service`."""

@@ -1,16 +1,41 @@
 """Settings of a tier node (env prefix `CACHEMESH_TIERS_`): the API, tier capacities, L2 sharing between
 nodes, request bounds, and the release-safety knobs (delayed double delete, L3 circuit breaker; DESIGN.md
-§3, seed §4.4)."""
+§3, seed §4.4). A leaf: it imports nothing of the node (the peer-list parsing the L2 peers share is here)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.runtime.settings import ServiceSettings
-from services.tiers.l2.net.peers import parse_peers
+
+
+def parse_peer(text: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) -> (host, port); ValueError with the reason otherwise."""
+    raw = text.strip()
+    host, sep, port_text = raw.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"peer {text!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    port = int(port_text)
+    if not 0 < port < 65536:
+        raise ValueError(f"peer {text!r}: port {port} is out of range")
+    return host, port
+
+
+def parse_peers(text: str | Sequence[str]) -> tuple[str, ...]:
+    """A comma-separated list (or a list) of host:port, normalised, duplicates dropped."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out: dict[str, None] = {}
+    for item in items:
+        if item.strip():
+            host, port = parse_peer(item)
+            out[f"[{host}]:{port}" if ":" in host else f"{host}:{port}"] = None
+    return tuple(out)
 
 
 class TiersSettings(ServiceSettings):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from services.tiers.entry import Entry, EntryMeta, encode_text
-from services.tiers.l3.store import L3Rejected, L3Store
+from services.tiers.ports import L3Rejected, L3Store
 
 DIM = 384
 NOW = 1_700_000_000_000

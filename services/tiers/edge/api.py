@@ -30,9 +30,10 @@ from schemas.events import MAX_KEY_CHARS, EntryKind, Tier
 from services.tiers import codec
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
 from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
-from services.tiers.l3.store import L3Rejected
-from services.tiers.node.tiered import L3Unavailable, Lookup, TieredCache
-from services.tiers.node.tiered import Query as CacheQuery
+from services.tiers.node.plan import Lookup
+from services.tiers.node.plan import Query as CacheQuery
+from services.tiers.node.tiered import L3Unavailable, TieredCache
+from services.tiers.ports import L3Rejected
 from services.tiers.settings import TiersSettings
 
 API_VERSION = "1"

@@ -1,1 +1,2 @@
-"""L3 on Postgres (`store`: the value and descriptor ports and their adapter) and its circuit breaker."""
+"""L3 on Postgres (`store`: the adapter of the value and descriptor ports in `tiers/ports.py`) and its
+circuit breaker."""

@@ -1,4 +1,4 @@
-"""The L3 tier's ports and their Postgres adapter (DESIGN.md §1 L3).
+"""The Postgres adapter of the L3 ports (`ports.py`; DESIGN.md §1 L3).
 
 `ValueStore` keeps encoded values (codec.py: tensor header + raw payload) by key; `DescriptorStore`
 keeps the descriptors with their semantic tags and answers semantic lookups. `PostgresL3Store`
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import asyncpg
@@ -22,80 +20,9 @@ import numpy.typing as npt
 
 from services.runtime.postgres import Database
 from services.tiers.entry import Entry, EntryMeta
+from services.tiers.ports import L3Rejected, L3Store, SemanticMatch
 
 log = logging.getLogger(__name__)
-
-
-class L3Rejected(ValueError):
-    """L3 refused the data itself (a constraint, a malformed value): retrying will not help."""
-
-
-@dataclass(frozen=True, slots=True)
-class SemanticMatch:
-    entry: Entry
-    similarity: float
-
-
-class ValueStore(ABC):
-    @abstractmethod
-    async def put(self, entry: Entry) -> None:
-        """Persist descriptor, tags and value together (replacing what `entry.key` had)."""
-
-    @abstractmethod
-    async def get(self, key: str, now_ms: int) -> Entry | None:
-        """The live (unexpired at wall-clock `now_ms`) entry under `key`."""
-
-    @abstractmethod
-    async def get_many(self, keys: Sequence[str], now_ms: int) -> dict[str, Entry]: ...
-
-
-class DescriptorStore(ABC):
-    #: False when the store cannot search by embedding (Postgres without pgvector).
-    semantic: bool = False
-
-    @abstractmethod
-    async def search(
-        self,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> SemanticMatch | None:
-        """The most similar live entry whose cosine reaches max(its own tolerance, `tolerance`)."""
-
-    @abstractmethod
-    async def delete(self, key: str) -> bool: ...
-
-    @abstractmethod
-    async def delete_bound_to(self, trace_id: str) -> list[str]:
-        """Drop every entry of the conversation `trace_id` (its own or listed as a dependency)."""
-
-    @abstractmethod
-    async def delete_expired(self, now_ms: int, limit: int = 1000) -> int: ...
-
-
-class L3Store(ValueStore, DescriptorStore, ABC):
-    """What the tiered cache needs from L3: both ports in one adapter."""
-
-    async def find(
-        self,
-        key: str,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> tuple[Entry, Literal["exact", "semantic"], float] | None:
-        """The exact key, else the best semantic match: one lookup's whole L3 leg. Adapters that can
-        answer both in one round trip override this."""
-        entry = await self.get(key, now_ms)
-        if entry is not None and (model is None or entry.meta.model == model):
-            return entry, "exact", 1.0
-        match = await self.search(embedding, now_ms, model=model, tolerance=tolerance, candidates=candidates)
-        return None if match is None else (match.entry, "semantic", match.similarity)
 
 
 _COLUMNS = (

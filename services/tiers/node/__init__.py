@@ -1,1 +1,2 @@
-"""The node core: the tiered cache that walks L1, L2, peers and L3, and the outbox of events it owes."""
+"""The node core: the lookup plan (`plan`: L1, L2, peers' L2, L3) that `reads` executes, the tiered cache
+(`tiered`: writes, events, stats), and the outbox of events it owes."""

@@ -1,10 +1,6 @@
-"""The tiered cache: one node's L1 (cuckoo + vector index), L2 (block pool) and L3 (a `L3Store` port),
-and the rules that tie them together (DESIGN.md §1-§3, seed §1.1, §1.3, §4.4).
+"""The tiered cache of one node (DESIGN.md §1-§3, seed §1.1, §1.3, §4.4): the read side (`TierReads`,
+reads.py, walking the lookup plan of plan.py) plus writes, L3 write-behind, events and stats.
 
-- get walks L1 -> L2 -> L3, the exact key before the embedding in each tier (L2 is exact-key only):
-  L1 exact, L1 semantic, L2 exact, other nodes' L2 exact (the `RemoteL2` port: peers' block pools), L3
-  exact, L3 semantic; a hit below L1 is promoted into L1 (and L2). A remote hit is tier "l2" with
-  `remote` set; a peer that fails or is slow only costs its timeout, and the lookup goes on to L3.
 - put (write-with-sync, seed §1.3): L3 first (the store of record), then L1 and L2; entries on this
   node at least `similarity_tolerance` similar go at once; a `CacheInvalidated` (key, embedding,
   threshold, trace id) is queued for every node, and again `double_delete_delay_ms` later (delayed
@@ -13,27 +9,14 @@ and the rules that tie them together (DESIGN.md §1-§3, seed §1.1, §1.3, §4.
 - L3 sits behind a latency circuit breaker (seed §4.4: open when its P99 > 150 ms); while it is open
   lookups are served from L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
 - Events from other services: invalidations, heat decisions, tier commands, conversation ends.
-
-No Kafka, no SQL, no sockets here: L3 and the peers are injected ports, events go to the `Outbox`; the
-clocks are injected.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import logging
-import time
-from abc import ABC, abstractmethod
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, TypeVar
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-import numpy as np
-import numpy.typing as npt
-
-from policies.base import AccessMeta
 from schemas.events import (
     CacheInvalidated,
     ConversationEnded,
@@ -43,72 +26,19 @@ from schemas.events import (
     Tier,
     WarmupRequested,
     new_event_id,
-    now_ms,
 )
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.l1.cache import L1Cache
-from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
-from services.tiers.l3.store import L3Rejected, L3Store
-from services.tiers.node.outbox import AccessRecord, Outbox
+from services.tiers.node.plan import Lookup, Query
+from services.tiers.node.reads import TierReads
+from services.tiers.ports import L3Rejected
+
+__all__ = ["L3Unavailable", "Lookup", "PutResult", "Query", "TieredCache"]
 
 log = logging.getLogger(__name__)
-
-T = TypeVar("T")
-Match = Literal["exact", "semantic"]
 
 
 class L3Unavailable(RuntimeError):
     """L3 is behind an open breaker and the write-behind queue is full."""
-
-
-@dataclass(frozen=True, slots=True)
-class RemoteHit:
-    entry: Entry
-    peer: str  # the node's block server, host:port
-
-
-class RemoteL2(ABC):
-    """Other nodes' L2 pools, by exact key. Must not raise: a peer that fails or times out is a miss
-    (counted in `stats`)."""
-
-    @abstractmethod
-    async def fetch_many(self, keys: Sequence[str]) -> dict[str, RemoteHit]: ...
-
-    async def fetch(self, key: str) -> RemoteHit | None:
-        return (await self.fetch_many([key])).get(key)
-
-    @abstractmethod
-    def stats(self) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Lookup:
-    entry: Entry | None
-    tier: Tier | None = None
-    match: Match | None = None
-    similarity: float | None = None
-    latency_us: float = 0.0
-    # True when L3 was skipped (breaker open) or failed: the answer came from L1/L2 only.
-    degraded: bool = False
-    # The hit came from another node's L2 (tier "l2"), the block server at `peer`.
-    remote: bool = False
-    peer: str | None = None
-
-    @property
-    def hit(self) -> bool:
-        return self.entry is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    """One lookup: an exact key, an embedding, or both (exact first)."""
-
-    key: str | None = None
-    embedding: np.ndarray | None = None
-    model: str | None = None
-    tolerance: float | None = None
-    trace_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,419 +51,8 @@ class PutResult:
     updated_at_ms: int
 
 
-@dataclass
-class _Counters:
-    lookups: int = 0
-    hits: Counter[str] = field(default_factory=Counter)  # "l1:exact", "l3:semantic", ...
-    misses: int = 0
-    degraded_lookups: int = 0
-    puts: int = 0
-    deletes: int = 0
-    invalidations_received: int = 0
-    invalidated_entries: int = 0
-    heat_evictions: int = 0
-    heat_keep_alives: int = 0
-    commands: int = 0
-    warmed: int = 0
-    conversations_ended: int = 0
-    context_dropped: int = 0
-    l3_errors: int = 0
-    l3_written_behind: int = 0
-    remote_hits: int = 0
-    remote_rejected: int = 0  # found on a peer but expired or of another model
-    remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
-
-
-def embedding_key(embedding: npt.ArrayLike) -> str:
-    """A stable key for an embedding-only lookup (access events need one)."""
-    raw = np.ascontiguousarray(embedding, dtype=np.float32).tobytes()
-    return "emb:" + hashlib.blake2b(raw, digest_size=12).hexdigest()
-
-
-class TieredCache:
-    def __init__(
-        self,
-        *,
-        l1: L1Cache,
-        l2: L2Store | None,
-        l3: L3Store | None,
-        outbox: Outbox,
-        breaker: LatencyBreaker,
-        node_id: str,
-        wall_ms: Callable[[], int] = now_ms,
-        perf_ns: Callable[[], int] = time.perf_counter_ns,
-        double_delete_delay_ms: int = 200,
-        l3_timeout_s: float = 1.0,
-        l3_candidates: int = 4,
-        max_pending_l3_writes: int = 10_000,
-        peers: RemoteL2 | None = None,
-    ) -> None:
-        self.l1 = l1
-        self.l2 = l2
-        self.l3 = l3
-        self.peers = peers
-        # Where this node serves its L2 pool to peers (host:port), for stats and health; set by the service.
-        self.l2_address: str | None = None
-        self.outbox = outbox
-        self.breaker = breaker
-        self.node_id = node_id
-        self.wall_ms = wall_ms
-        self.perf_ns = perf_ns
-        self.double_delete_delay_ms = double_delete_delay_ms
-        self.l3_timeout_s = l3_timeout_s
-        self.l3_candidates = l3_candidates
-        self.max_pending_l3_writes = max_pending_l3_writes
-        self.dim = l1.dim
-        # Writes (Entry) and deletes (None) that L3 has not taken yet, oldest first.
-        self._pending: OrderedDict[str, Entry | None] = OrderedDict()
-        # trace id -> keys bound to it (may hold keys already evicted; checked before use, pruned).
-        self._bound: dict[str, set[str]] = {}
-        self._bound_count = 0
-        self.counters = _Counters()
-
-    # --- local tiers ----------------------------------------------------------------------------
-
-    def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
-        """Place `entry` in L1 (and L2, write-through); returns where it went."""
-        meta = entry.meta
-        placed: list[Tier] = []
-        ttl = meta.remaining_ttl_ms(self.wall_ms())
-        if ttl is not None and ttl <= 0:
-            return ()
-        if to_l1:
-            decisions = self.l1.put(
-                meta.key,
-                entry,
-                size_bytes=len(entry.blob),
-                embedding=meta.embedding,
-                ttl_hint_ms=ttl,
-                similarity_tolerance=meta.similarity_tolerance,
-                model=meta.model,
-                meta=AccessMeta(trace_id=meta.trace_id, ttl_ms=ttl),
-            )
-            if not any(d.key == meta.key and d.reason == "rejected" for d in decisions):
-                placed.append("l1")
-        if to_l2 and self.l2 is not None and self.l2.put(entry):
-            placed.append("l2")
-        bound = meta.bound_to()
-        if bound and placed:
-            for trace in bound:
-                self._bound.setdefault(trace, set()).add(meta.key)
-                self._bound_count += 1
-            if self._bound_count > 2 * (self.l1.max_entries + len(self.l2 or ())) + 1024:
-                self._prune_bound()
-        return tuple(placed)
-
-    def _prune_bound(self) -> None:
-        for trace in list(self._bound):
-            live = {k for k in self._bound[trace] if self._local_meta(k) is not None}
-            if live:
-                self._bound[trace] = live
-            else:
-                del self._bound[trace]
-        self._bound_count = sum(len(v) for v in self._bound.values())
-
-    def _local_meta(self, key: str) -> EntryMeta | None:
-        cached = self.l1.peek(key)
-        if cached is not None:
-            return cached.meta
-        return self.l2.peek_meta(key) if self.l2 is not None else None
-
-    def _drop_local(self, key: str, reason: str) -> bool:
-        dropped = self.l1.remove(key, reason)
-        if self.l2 is not None:
-            dropped = self.l2.remove(key, reason) or dropped
-        return dropped
-
-    def _similar_local(self, embedding: npt.ArrayLike, threshold: float) -> set[str]:
-        keys = set(self.l1.similar_keys(embedding, threshold))
-        if self.l2 is not None:
-            keys.update(self.l2.similar_keys(embedding, threshold))
-        return keys
-
-    def _l1_entry(self, key: str, model: str | None) -> Entry | None:
-        cached = self.l1.get(key)
-        if cached is None or (model is not None and cached.meta.model != model):
-            return None
-        return cached
-
-    def _l2_entry(self, key: str, model: str | None) -> Entry | None:
-        if self.l2 is None or key not in self.l2:
-            return None
-        entry = self.l2.get(key)
-        if entry is None:
-            return None
-        ttl = entry.meta.remaining_ttl_ms(self.wall_ms())
-        if ttl is not None and ttl <= 0:
-            self.l2.remove(key, "expired")
-            return None
-        if model is not None and entry.meta.model != model:
-            return None
-        self._admit(entry, to_l2=False)
-        return entry
-
-    async def _remote_entries(self, wanted: Sequence[tuple[str, str | None]]) -> dict[str, RemoteHit]:
-        """Peers' L2 for (key, model) pairs the local tiers missed; hits are promoted here (L1 and L2)."""
-        if self.peers is None or not wanted:
-            return {}
-        try:
-            found = await self.peers.fetch_many(list(dict.fromkeys(k for k, _ in wanted)))
-        except Exception as exc:  # the port promises not to raise; a lookup never fails on a peer
-            self.counters.remote_failures += 1
-            log.warning("peer L2 lookup failed; going on to L3", extra={"error": repr(exc)})
-            return {}
-        out: dict[str, RemoteHit] = {}
-        now = self.wall_ms()
-        for key, model in wanted:
-            hit = found.get(key)
-            if hit is None:
-                continue
-            meta = hit.entry.meta
-            ttl = meta.remaining_ttl_ms(now)
-            if (
-                meta.key != key
-                or (ttl is not None and ttl <= 0)
-                or (model is not None and meta.model != model)
-            ):
-                self.counters.remote_rejected += 1
-                continue
-            if key not in out:
-                self._promote(hit.entry)
-            out[key] = hit
-        return out
-
-    # --- L3 through the breaker -----------------------------------------------------------------
-
-    async def _l3_call(
-        self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
-    ) -> tuple[bool, Any]:
-        """(ran, result) of `fn(*args, **kwargs)` on L3: ran is False when the breaker refused or the
-        call failed or timed out."""
-        if self.l3 is None or not self.breaker.allow():
-            return False, None
-        started = self.perf_ns()
-        try:
-            async with asyncio.timeout(self.l3_timeout_s):
-                result = await fn(*args, **kwargs)
-        except L3Rejected:
-            # The data was refused, L3 itself answered: not a failure of L3, and not worth a retry.
-            self.breaker.record((self.perf_ns() - started) / 1e6, ok=True)
-            raise
-        except Exception as exc:  # includes TimeoutError: L3 is slow or down; serve without it
-            self.breaker.record((self.perf_ns() - started) / 1e6, ok=False)
-            self.counters.l3_errors += 1
-            log.warning("L3 call failed; serving from L1/L2", extra={"error": repr(exc)})
-            return False, None
-        self.breaker.record((self.perf_ns() - started) / 1e6, ok=True)
-        return True, result
-
-    def _promote(self, entry: Entry) -> None:
-        self._admit(entry)
-
-    # --- reads ----------------------------------------------------------------------------------
-
-    def get_local(self, key: str, model: str | None = None) -> Lookup:
-        """L1 then L2 by exact key, synchronously (the in-process fast path); records the access."""
-        started = self.perf_ns()
-        entry = self._l1_entry(key, model)
-        tier: Tier | None = "l1"
-        if entry is None:
-            entry = self._l2_entry(key, model)
-            tier = "l2" if entry is not None else None
-        return self._finish(key, None, entry, tier, "exact" if entry else None, 1.0, started, False, None)
-
-    async def get(
-        self,
-        key: str | None = None,
-        embedding: npt.ArrayLike | None = None,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        trace_id: str | None = None,
-    ) -> Lookup:
-        if key is None and embedding is None:
-            raise ValueError("a lookup needs a key, an embedding, or both")
-        started = self.perf_ns()
-        degraded = False
-        found: tuple[Entry, Tier, Match, float] | None = None
-        vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
-        # Tier by tier, exact key before embedding in each: an acceptable answer from memory never
-        # waits on a Postgres round trip.
-        if key is not None and (entry := self._l1_entry(key, model)) is not None:
-            found = (entry, "l1", "exact", 1.0)
-        if found is None and vec is not None:
-            near = self.l1.get_semantic(vec, tolerance=tolerance, model=model)
-            if near is not None:
-                found = (near.value, "l1", "semantic", near.similarity)
-        if found is None and key is not None and (entry := self._l2_entry(key, model)) is not None:
-            found = (entry, "l2", "exact", 1.0)
-        peer: str | None = None
-        if found is None and key is not None and self.peers is not None:
-            remote = (await self._remote_entries([(key, model)])).get(key)
-            if remote is not None:
-                found, peer = (remote.entry, "l2", "exact", 1.0), remote.peer
-        if found is None and self.l3 is not None:
-            l3, now = self.l3, self.wall_ms()
-            semantic = vec is not None and l3.semantic
-            hit: tuple[Entry, Match, float] | None = None
-            if key is not None and semantic:  # both legs in one call: one round trip where it can
-                ran, hit = await self._l3_call(
-                    l3.find, key, vec, now, model=model, tolerance=tolerance, candidates=self.l3_candidates
-                )
-            elif key is not None:
-                ran, row = await self._l3_call(l3.get, key, now)
-                if row is not None and (model is None or row.meta.model == model):
-                    hit = (row, "exact", 1.0)
-            elif semantic:
-                ran, m = await self._l3_call(
-                    l3.search, vec, now, model=model, tolerance=tolerance, candidates=self.l3_candidates
-                )
-                hit = None if m is None else (m.entry, "semantic", m.similarity)
-            else:
-                ran = True
-            degraded = not ran
-            if hit is not None:
-                self._promote(hit[0])
-                found = (hit[0], "l3", hit[1], hit[2])
-        entry, tier, how, sim = found or (None, None, None, None)
-        return self._finish(key, embedding, entry, tier, how, sim, started, degraded, trace_id, peer)
-
-    def _finish(
-        self,
-        key: str | None,
-        embedding: npt.ArrayLike | None,
-        entry: Entry | None,
-        tier: Tier | None,
-        match: Match | None,
-        sim: float | None,
-        started_ns: int,
-        degraded: bool,
-        trace_id: str | None,
-        peer: str | None = None,
-    ) -> Lookup:
-        latency_us = (self.perf_ns() - started_ns) / 1e3
-        c = self.counters
-        c.lookups += 1
-        c.degraded_lookups += degraded
-        if entry is None:
-            c.misses += 1
-            record_key = key if key is not None else embedding_key(embedding)  # type: ignore[arg-type]
-            self.outbox.access(
-                AccessRecord(record_key, False, latency_us / 1e3, self.wall_ms(), trace_id=trace_id)
-            )
-            return Lookup(None, latency_us=latency_us, degraded=degraded)
-        c.hits[f"{tier}:{match}" + (":remote" if peer is not None else "")] += 1
-        c.remote_hits += peer is not None
-        meta = entry.meta
-        self.outbox.access(
-            AccessRecord(
-                meta.key,
-                True,
-                latency_us / 1e3,
-                self.wall_ms(),
-                tier=tier,
-                match=match,
-                similarity=sim,
-                kind=meta.kind,
-                model=meta.model,
-                size_bytes=len(entry.blob),
-                trace_id=trace_id or meta.trace_id,
-            )
-        )
-        return Lookup(entry, tier, match, sim, latency_us, degraded, peer is not None, peer)
-
-    async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
-        """Batched lookups in the same tier order as `get`: one vectorised L1 probe for the exact keys,
-        one for the embeddings (per model and tolerance), L2, one L3 query for the exact misses, then
-        L3 searches for the rest."""
-        started = self.perf_ns()
-        n = len(queries)
-        found: list[tuple[Entry, Tier, Match, float] | None] = [None] * n
-        degraded = [False] * n
-        keyed = [i for i, q in enumerate(queries) if q.key is not None]
-        if keyed:
-            values = self.l1.get_many([queries[i].key for i in keyed])  # type: ignore[misc]
-            for i, cached in zip(keyed, values, strict=True):
-                q = queries[i]
-                if cached is not None and (q.model is None or cached.meta.model == q.model):
-                    found[i] = (cached, "l1", "exact", 1.0)
-        semantic = [i for i, q in enumerate(queries) if found[i] is None and q.embedding is not None]
-        groups: dict[tuple[str | None, float | None], list[int]] = {}
-        for i in semantic:
-            groups.setdefault((queries[i].model, queries[i].tolerance), []).append(i)
-        for (model, tolerance), idx in groups.items():
-            hits = self.l1.get_semantic_many(
-                np.stack([queries[i].embedding for i in idx]),  # type: ignore[misc]
-                tolerance=tolerance,
-                model=model,
-            )
-            for i, hit in zip(idx, hits, strict=True):
-                if hit is not None:
-                    found[i] = (hit.value, "l1", "semantic", hit.similarity)
-        missing = [i for i in keyed if found[i] is None]
-        for i in missing:
-            q = queries[i]
-            entry = self._l2_entry(q.key, q.model)  # type: ignore[arg-type]
-            if entry is not None:
-                found[i] = (entry, "l2", "exact", 1.0)
-        missing = [i for i in missing if found[i] is None]
-        peers: dict[int, str] = {}
-        if missing and self.peers is not None:
-            keyed_missing = [(str(queries[i].key), queries[i].model) for i in missing]
-            remote = await self._remote_entries(keyed_missing)
-            for i, (key, model) in zip(missing, keyed_missing, strict=True):
-                got = remote.get(key)
-                if got is not None and (model is None or got.entry.meta.model == model):
-                    found[i], peers[i] = (got.entry, "l2", "exact", 1.0), got.peer
-            missing = [i for i in missing if found[i] is None]
-        if missing and self.l3 is not None:
-            keys = list({queries[i].key for i in missing})
-            ran, rows = await self._l3_call(self.l3.get_many, keys, self.wall_ms())
-            for i in missing:
-                q = queries[i]
-                entry = (rows or {}).get(q.key)
-                degraded[i] = not ran
-                if entry is not None and (q.model is None or entry.meta.model == q.model):
-                    self._promote(entry)
-                    found[i] = (entry, "l3", "exact", 1.0)
-        rest = [i for i in semantic if found[i] is None]
-        if rest and self.l3 is not None and self.l3.semantic:
-            results = []
-            for i in rest:  # sequential: the pool is shared with request paths, and the breaker counts each
-                q = queries[i]
-                results.append(
-                    await self._l3_call(
-                        self.l3.search,
-                        q.embedding,
-                        self.wall_ms(),
-                        model=q.model,
-                        tolerance=q.tolerance,
-                        candidates=self.l3_candidates,
-                    )
-                )
-            for i, (ran, match) in zip(rest, results, strict=True):
-                degraded[i] = degraded[i] or not ran
-                if match is not None:
-                    self._promote(match.entry)
-                    found[i] = (match.entry, "l3", "semantic", match.similarity)
-        out = []
-        for i, q in enumerate(queries):
-            entry, tier, match, sim = found[i] or (None, None, None, None)
-            out.append(
-                self._finish(
-                    q.key,
-                    q.embedding,
-                    entry,
-                    tier,
-                    match,
-                    sim,
-                    started,
-                    degraded[i],
-                    q.trace_id,
-                    peers.get(i),
-                )
-            )
-        return out
+class TieredCache(TierReads):
+    """One node's L1, L2 and L3 (and the peers' L2): lookups (`TierReads`), writes, events, stats."""
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -716,8 +235,10 @@ class TieredCache:
             else:
                 wanted.append(key)
         if wanted and self.peers is not None:
-            # Promoted into L1 and L2 here as they arrive (a peer's copy is as good as L3's).
+            # Promoted into L1 and L2 (a peer's copy is as good as L3's).
             remote = await self._remote_entries([(k, None) for k in wanted])
+            for hit in remote.values():
+                self._admit(hit.entry)
             done += len(remote)
             wanted = [k for k in wanted if k not in remote]
         if wanted and self.l3 is not None:

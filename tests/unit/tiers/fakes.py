@@ -18,8 +18,7 @@ from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.net.frames import QpInfo, ServerHello, decode_client_hello, encode_server_hello
 from services.tiers.l2.net.rdma import RdmaEndpoint
 from services.tiers.l2.net.rdma_plan import RdmaOp
-from services.tiers.l3.store import L3Rejected, L3Store, SemanticMatch
-from services.tiers.node.tiered import RemoteHit, RemoteL2
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, SemanticMatch
 
 
 class Clock:

@@ -10,10 +10,11 @@ import pytest
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.net.frames import RdmaUnavailable
-from services.tiers.l2.net.peers import L2Peers, parse_peer, parse_peers
+from services.tiers.l2.net.peers import L2Peers
 from services.tiers.l2.net.rdma import rdma_available
 from services.tiers.l2.net.transport import BlockTransport, LocalBlockClient, TcpBlockClient
 from services.tiers.l2.store import L2Store
+from services.tiers.settings import parse_peer, parse_peers
 from tests.unit.tiers.fakes import Clock
 
 

@@ -25,9 +25,9 @@ from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
-from services.tiers.l3.store import L3Rejected
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import L3Unavailable, Query, TieredCache
+from services.tiers.ports import L3Rejected
 from tests.unit.tiers.fakes import Clock, FakePeers, MemoryL3, at_cosine, unit
 
 DIM = 16

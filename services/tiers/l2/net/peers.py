@@ -24,36 +24,12 @@ from services.tiers.l2.blocks import Located
 from services.tiers.l2.net.frames import DEFAULT_MAX_FRAME_BYTES
 from services.tiers.l2.net.rdma import PyverbsEndpoint, RdmaBlockTransport
 from services.tiers.l2.net.transport import BlockTransport, TcpBlockClient
-from services.tiers.node.tiered import RemoteHit, RemoteL2
+from services.tiers.ports import RemoteHit, RemoteL2
+from services.tiers.settings import parse_peer, parse_peers
 
 log = logging.getLogger(__name__)
 
 TransportKind = Literal["tcp", "rdma", "auto"]
-
-
-def parse_peer(text: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`) -> (host, port); ValueError with the reason otherwise."""
-    raw = text.strip()
-    host, sep, port_text = raw.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
-        raise ValueError(f"peer {text!r} is not host:port")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    port = int(port_text)
-    if not 0 < port < 65536:
-        raise ValueError(f"peer {text!r}: port {port} is out of range")
-    return host, port
-
-
-def parse_peers(text: str | Sequence[str]) -> tuple[str, ...]:
-    """A comma-separated list (or a list) of host:port, normalised, duplicates dropped."""
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out: dict[str, None] = {}
-    for item in items:
-        if item.strip():
-            host, port = parse_peer(item)
-            out[f"[{host}]:{port}" if ":" in host else f"{host}:{port}"] = None
-    return tuple(out)
 
 
 Connect = Callable[[str, int], Awaitable[BlockTransport]]

@@ -1,0 +1,471 @@
+"""The tiers of one node and the read side of the tiered cache: placing and dropping entries on this node,
+L3 through its latency breaker, and the executor of the lookup plan (plan.py) behind `get`, `get_many`
+and `get_local`. No Kafka, no SQL, no sockets: L3 and the peers are ports, the clocks are injected."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from policies.base import AccessMeta
+from schemas.events import Tier, now_ms
+from services.tiers.entry import Entry, EntryMeta
+from services.tiers.l1.cache import L1Cache
+from services.tiers.l2.store import L2Store
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.outbox import AccessRecord, Outbox
+from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Query, Step, Walk
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Counters:
+    lookups: int = 0
+    hits: Counter[str] = field(default_factory=Counter)  # "l1:exact", "l3:semantic", ...
+    misses: int = 0
+    degraded_lookups: int = 0
+    puts: int = 0
+    deletes: int = 0
+    invalidations_received: int = 0
+    invalidated_entries: int = 0
+    heat_evictions: int = 0
+    heat_keep_alives: int = 0
+    commands: int = 0
+    warmed: int = 0
+    conversations_ended: int = 0
+    context_dropped: int = 0
+    l3_errors: int = 0
+    l3_written_behind: int = 0
+    remote_hits: int = 0
+    remote_rejected: int = 0  # found on a peer but expired or of another model
+    remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
+
+
+def embedding_key(embedding: npt.ArrayLike) -> str:
+    """A stable key for an embedding-only lookup (access events need one)."""
+    raw = np.ascontiguousarray(embedding, dtype=np.float32).tobytes()
+    return "emb:" + hashlib.blake2b(raw, digest_size=12).hexdigest()
+
+
+class TierReads:
+    """One node's tiers and the lookups over them; `TieredCache` (tiered.py) adds writes, events and
+    stats."""
+
+    def __init__(
+        self,
+        *,
+        l1: L1Cache,
+        l2: L2Store | None,
+        l3: L3Store | None,
+        outbox: Outbox,
+        breaker: LatencyBreaker,
+        node_id: str,
+        wall_ms: Callable[[], int] = now_ms,
+        perf_ns: Callable[[], int] = time.perf_counter_ns,
+        double_delete_delay_ms: int = 200,
+        l3_timeout_s: float = 1.0,
+        l3_candidates: int = 4,
+        max_pending_l3_writes: int = 10_000,
+        peers: RemoteL2 | None = None,
+    ) -> None:
+        self.l1 = l1
+        self.l2 = l2
+        self.l3 = l3
+        self.peers = peers
+        # Where this node serves its L2 pool to peers (host:port), for stats and health; set by the service.
+        self.l2_address: str | None = None
+        self.outbox = outbox
+        self.breaker = breaker
+        self.node_id = node_id
+        self.wall_ms = wall_ms
+        self.perf_ns = perf_ns
+        self.double_delete_delay_ms = double_delete_delay_ms
+        self.l3_timeout_s = l3_timeout_s
+        self.l3_candidates = l3_candidates
+        self.max_pending_l3_writes = max_pending_l3_writes
+        self.dim = l1.dim
+        # Writes (Entry) and deletes (None) that L3 has not taken yet, oldest first.
+        self._pending: OrderedDict[str, Entry | None] = OrderedDict()
+        # trace id -> keys bound to it (may hold keys already evicted; checked before use, pruned).
+        self._bound: dict[str, set[str]] = {}
+        self._bound_count = 0
+        self.counters = Counters()
+
+    # --- local tiers ----------------------------------------------------------------------------
+
+    def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
+        """Place `entry` in L1 (and L2, write-through); returns where it went."""
+        meta = entry.meta
+        placed: list[Tier] = []
+        ttl = meta.remaining_ttl_ms(self.wall_ms())
+        if ttl is not None and ttl <= 0:
+            return ()
+        if to_l1:
+            decisions = self.l1.put(
+                meta.key,
+                entry,
+                size_bytes=len(entry.blob),
+                embedding=meta.embedding,
+                ttl_hint_ms=ttl,
+                similarity_tolerance=meta.similarity_tolerance,
+                model=meta.model,
+                meta=AccessMeta(trace_id=meta.trace_id, ttl_ms=ttl),
+            )
+            if not any(d.key == meta.key and d.reason == "rejected" for d in decisions):
+                placed.append("l1")
+        if to_l2 and self.l2 is not None and self.l2.put(entry):
+            placed.append("l2")
+        bound = meta.bound_to()
+        if bound and placed:
+            for trace in bound:
+                self._bound.setdefault(trace, set()).add(meta.key)
+                self._bound_count += 1
+            if self._bound_count > 2 * (self.l1.max_entries + len(self.l2 or ())) + 1024:
+                self._prune_bound()
+        return tuple(placed)
+
+    def _prune_bound(self) -> None:
+        for trace in list(self._bound):
+            live = {k for k in self._bound[trace] if self._local_meta(k) is not None}
+            if live:
+                self._bound[trace] = live
+            else:
+                del self._bound[trace]
+        self._bound_count = sum(len(v) for v in self._bound.values())
+
+    def _local_meta(self, key: str) -> EntryMeta | None:
+        cached = self.l1.peek(key)
+        if cached is not None:
+            return cached.meta
+        return self.l2.peek_meta(key) if self.l2 is not None else None
+
+    def _drop_local(self, key: str, reason: str) -> bool:
+        dropped = self.l1.remove(key, reason)
+        if self.l2 is not None:
+            dropped = self.l2.remove(key, reason) or dropped
+        return dropped
+
+    def _similar_local(self, embedding: npt.ArrayLike, threshold: float) -> set[str]:
+        keys = set(self.l1.similar_keys(embedding, threshold))
+        if self.l2 is not None:
+            keys.update(self.l2.similar_keys(embedding, threshold))
+        return keys
+
+    def _promote(self, step: Step, entry: Entry) -> None:
+        """Copy a hit of `step` into the tiers the plan says it goes to."""
+        self._admit(entry, to_l1="l1" in step.promote, to_l2="l2" in step.promote)
+
+    def _l2_entry(self, key: str, model: str | None) -> Entry | None:
+        if self.l2 is None or key not in self.l2:
+            return None
+        entry = self.l2.get(key)
+        if entry is None:
+            return None
+        ttl = entry.meta.remaining_ttl_ms(self.wall_ms())
+        if ttl is not None and ttl <= 0:
+            self.l2.remove(key, "expired")
+            return None
+        if model is not None and entry.meta.model != model:
+            return None
+        return entry
+
+    async def _remote_entries(self, wanted: Sequence[tuple[str, str | None]]) -> dict[str, RemoteHit]:
+        """Peers' L2 for (key, model) pairs the local tiers missed: the first acceptable hit per key, in
+        the order asked (the caller promotes them)."""
+        if self.peers is None or not wanted:
+            return {}
+        try:
+            found = await self.peers.fetch_many(list(dict.fromkeys(k for k, _ in wanted)))
+        except Exception as exc:  # the port promises not to raise; a lookup never fails on a peer
+            self.counters.remote_failures += 1
+            log.warning("peer L2 lookup failed; going on to L3", extra={"error": repr(exc)})
+            return {}
+        out: dict[str, RemoteHit] = {}
+        now = self.wall_ms()
+        for key, model in wanted:
+            hit = found.get(key)
+            if hit is None:
+                continue
+            meta = hit.entry.meta
+            ttl = meta.remaining_ttl_ms(now)
+            if (
+                meta.key != key
+                or (ttl is not None and ttl <= 0)
+                or (model is not None and meta.model != model)
+            ):
+                self.counters.remote_rejected += 1
+                continue
+            out[key] = hit
+        return out
+
+    # --- L3 through the breaker -----------------------------------------------------------------
+
+    async def _l3_call(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+    ) -> tuple[bool, Any]:
+        """(ran, result) of `fn(*args, **kwargs)` on L3: ran is False when the breaker refused or the
+        call failed or timed out."""
+        if self.l3 is None or not self.breaker.allow():
+            return False, None
+        started = self.perf_ns()
+        try:
+            async with asyncio.timeout(self.l3_timeout_s):
+                result = await fn(*args, **kwargs)
+        except L3Rejected:
+            # The data was refused, L3 itself answered: not a failure of L3, and not worth a retry.
+            self.breaker.record((self.perf_ns() - started) / 1e6, ok=True)
+            raise
+        except Exception as exc:  # includes TimeoutError: L3 is slow or down; serve without it
+            self.breaker.record((self.perf_ns() - started) / 1e6, ok=False)
+            self.counters.l3_errors += 1
+            log.warning("L3 call failed; serving from L1/L2", extra={"error": repr(exc)})
+            return False, None
+        self.breaker.record((self.perf_ns() - started) / 1e6, ok=True)
+        return True, result
+
+    # --- the lookup plan, executed ----------------------------------------------------------------
+
+    def get_local(self, key: str, model: str | None = None) -> Lookup:
+        """The local-only plan (L1 then L2, by exact key), synchronously: the in-process fast path;
+        records the access."""
+        started = self.perf_ns()
+        walk = Walk((Query(key=key, model=model),), batched=False)
+        self._walk_in_process(walk, LOCAL_PLAN)
+        return self._answers(walk, started)[0]
+
+    async def get(
+        self,
+        key: str | None = None,
+        embedding: npt.ArrayLike | None = None,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        trace_id: str | None = None,
+    ) -> Lookup:
+        if key is None and embedding is None:
+            raise ValueError("a lookup needs a key, an embedding, or both")
+        started = self.perf_ns()
+        vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
+        walk = Walk((Query(key, vec, model, tolerance, trace_id),), batched=False)
+        await self._walk(walk)
+        return self._answers(walk, started)[0]
+
+    async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
+        """Batched lookups along the same plan as `get`: one vectorised L1 probe for the exact keys, one
+        for the embeddings (per model and tolerance), L2, the peers at once, one L3 query for the exact
+        misses, then L3 searches for the rest."""
+        started = self.perf_ns()
+        walk = Walk(queries, batched=True)
+        await self._walk(walk)
+        return self._answers(walk, started)
+
+    def _walk_in_process(self, walk: Walk, plan: Sequence[Step]) -> None:
+        """The in-process steps of `plan` (its first ones), synchronously."""
+        for step in plan:
+            if not step.in_process or not walk.left:
+                break
+            if not (todo := walk.todo(step)):
+                continue
+            match step.source, step.match:
+                case "l1", "exact":
+                    self._l1_exact(step, walk, todo)
+                case "l1", "semantic":
+                    self._l1_semantic(step, walk, todo)
+                case "l2", "exact":
+                    self._l2_exact(step, walk, todo)
+                case _:
+                    raise AssertionError(f"no in-process probe for {step}")
+
+    async def _walk(self, walk: Walk) -> None:
+        """The whole plan: the in-process steps, then the peers and L3 (those configured)."""
+        self._walk_in_process(walk, PLAN)
+        for step in PLAN:
+            if not walk.left:
+                break
+            if step.in_process or not (todo := walk.todo(step)):
+                continue
+            match step.source, step.match:
+                case "peers", "exact":
+                    if self.peers is not None:
+                        await self._peers_exact(step, walk, todo)
+                case "l3", "exact":
+                    if self.l3 is not None:
+                        await self._l3_exact(step, walk, todo, self.l3)
+                case "l3", "semantic":
+                    if self.l3 is not None and self.l3.semantic:  # without pgvector: exact keys only
+                        await self._l3_semantic(step, walk, todo, self.l3)
+                case _:
+                    raise AssertionError(f"no probe for {step}")
+
+    def _l1_exact(self, step: Step, walk: Walk, todo: list[int]) -> None:
+        qs = walk.queries
+        keys = [str(qs[i].key) for i in todo]
+        # One query: the scalar probe (the fast path); a batch: one vectorised probe of the cuckoo table.
+        values = self.l1.get_many(keys) if walk.batched else [self.l1.get(k) for k in keys]
+        for i, cached in zip(todo, values, strict=True):
+            model = qs[i].model
+            if cached is not None and (model is None or cached.meta.model == model):
+                walk.hit(i, step, cached, 1.0)
+
+    def _l1_semantic(self, step: Step, walk: Walk, todo: list[int]) -> None:
+        qs = walk.queries
+        groups: dict[tuple[str | None, float | None], list[int]] = {}
+        for i in todo:
+            groups.setdefault((qs[i].model, qs[i].tolerance), []).append(i)
+        for (model, tolerance), idx in groups.items():
+            hits = self.l1.get_semantic_many(
+                np.stack([qs[i].embedding for i in idx]),  # type: ignore[misc]
+                tolerance=tolerance,
+                model=model,
+            )
+            for i, near in zip(idx, hits, strict=True):
+                if near is not None:
+                    walk.hit(i, step, near.value, near.similarity)
+
+    def _l2_exact(self, step: Step, walk: Walk, todo: list[int]) -> None:
+        for i in todo:
+            q = walk.queries[i]
+            entry = self._l2_entry(str(q.key), q.model)
+            if entry is not None:
+                self._promote(step, entry)
+                walk.hit(i, step, entry, 1.0)
+
+    async def _peers_exact(self, step: Step, walk: Walk, todo: list[int]) -> None:
+        wanted = [(str(walk.queries[i].key), walk.queries[i].model) for i in todo]
+        remote = await self._remote_entries(wanted)
+        for first in remote.values():  # once per key: a peer's copy is as good as L3's
+            self._promote(step, first.entry)
+        for i, (key, model) in zip(todo, wanted, strict=True):
+            got = remote.get(key)
+            # A batch may ask one key for two models: the hit was checked against the first only.
+            if got is not None and (model is None or got.entry.meta.model == model):
+                walk.hit(i, step, got.entry, 1.0, peer=got.peer)
+
+    async def _l3_exact(self, step: Step, walk: Walk, todo: list[int], l3: L3Store) -> None:
+        qs = walk.queries
+        now = self.wall_ms()
+        if walk.batched:
+            ran, rows = await self._l3_call(l3.get_many, list({qs[i].key for i in todo}), now)
+        else:
+            (i,) = todo
+            q = qs[i]
+            if step.fused_with_next and q.embedding is not None and l3.semantic:
+                ran, found = await self._l3_call(
+                    l3.find,
+                    q.key,
+                    q.embedding,
+                    now,
+                    model=q.model,
+                    tolerance=q.tolerance,
+                    candidates=self.l3_candidates,
+                )
+                walk.asked(i, step, ran)
+                walk.close(i)  # both L3 legs were asked
+                if found is not None:
+                    self._promote(step, found[0])
+                    walk.hit(i, step, found[0], found[2], match=found[1])
+                return
+            ran, row = await self._l3_call(l3.get, q.key, now)
+            rows = {q.key: row} if row is not None else None
+        for i in todo:
+            q = qs[i]
+            entry = (rows or {}).get(q.key)
+            walk.asked(i, step, ran)
+            if entry is not None and (q.model is None or entry.meta.model == q.model):
+                self._promote(step, entry)
+                walk.hit(i, step, entry, 1.0)
+
+    async def _l3_semantic(self, step: Step, walk: Walk, todo: list[int], l3: L3Store) -> None:
+        results = []
+        for i in todo:  # sequential: the pool is shared with request paths, and the breaker counts each
+            q = walk.queries[i]
+            results.append(
+                await self._l3_call(
+                    l3.search,
+                    q.embedding,
+                    self.wall_ms(),
+                    model=q.model,
+                    tolerance=q.tolerance,
+                    candidates=self.l3_candidates,
+                )
+            )
+        for i, (ran, match) in zip(todo, results, strict=True):
+            walk.asked(i, step, ran)
+            if match is not None:
+                self._promote(step, match.entry)
+                walk.hit(i, step, match.entry, match.similarity)
+
+    def _answers(self, walk: Walk, started_ns: int) -> list[Lookup]:
+        out = []
+        for i, q in enumerate(walk.queries):
+            f = walk.found[i]
+            out.append(
+                self._finish(
+                    q.key,
+                    q.embedding,
+                    None if f is None else f.entry,
+                    None if f is None else f.tier,
+                    None if f is None else f.match,
+                    None if f is None else f.similarity,
+                    started_ns,
+                    walk.degraded[i],
+                    q.trace_id,
+                    None if f is None else f.peer,
+                )
+            )
+        return out
+
+    def _finish(
+        self,
+        key: str | None,
+        embedding: npt.ArrayLike | None,
+        entry: Entry | None,
+        tier: Tier | None,
+        match: Match | None,
+        sim: float | None,
+        started_ns: int,
+        degraded: bool,
+        trace_id: str | None,
+        peer: str | None = None,
+    ) -> Lookup:
+        latency_us = (self.perf_ns() - started_ns) / 1e3
+        c = self.counters
+        c.lookups += 1
+        c.degraded_lookups += degraded
+        if entry is None:
+            c.misses += 1
+            record_key = key if key is not None else embedding_key(embedding)  # type: ignore[arg-type]
+            self.outbox.access(
+                AccessRecord(record_key, False, latency_us / 1e3, self.wall_ms(), trace_id=trace_id)
+            )
+            return Lookup(None, latency_us=latency_us, degraded=degraded)
+        c.hits[f"{tier}:{match}" + (":remote" if peer is not None else "")] += 1
+        c.remote_hits += peer is not None
+        meta = entry.meta
+        self.outbox.access(
+            AccessRecord(
+                meta.key,
+                True,
+                latency_us / 1e3,
+                self.wall_ms(),
+                tier=tier,
+                match=match,
+                similarity=sim,
+                kind=meta.kind,
+                model=meta.model,
+                size_bytes=len(entry.blob),
+                trace_id=trace_id or meta.trace_id,
+            )
+        )
+        return Lookup(entry, tier, match, sim, latency_us, degraded, peer is not None, peer)

@@ -1,0 +1,110 @@
+"""The ports the node core needs, named by role: L3 (`ValueStore` + `DescriptorStore` = `L3Store`) and
+other nodes' L2 (`RemoteL2`). Adapters live in their wing (`l3/store.py`, `l2/net/peers.py`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy.typing as npt
+
+from services.tiers.entry import Entry
+
+# --- L3: the store of record (DESIGN.md §1 L3) -----------------------------------------------------
+
+
+class L3Rejected(ValueError):
+    """L3 refused the data itself (a constraint, a malformed value): retrying will not help."""
+
+
+@dataclass(frozen=True, slots=True)
+class SemanticMatch:
+    entry: Entry
+    similarity: float
+
+
+class ValueStore(ABC):
+    @abstractmethod
+    async def put(self, entry: Entry) -> None:
+        """Persist descriptor, tags and value together (replacing what `entry.key` had)."""
+
+    @abstractmethod
+    async def get(self, key: str, now_ms: int) -> Entry | None:
+        """The live (unexpired at wall-clock `now_ms`) entry under `key`."""
+
+    @abstractmethod
+    async def get_many(self, keys: Sequence[str], now_ms: int) -> dict[str, Entry]: ...
+
+
+class DescriptorStore(ABC):
+    #: False when the store cannot search by embedding (Postgres without pgvector).
+    semantic: bool = False
+
+    @abstractmethod
+    async def search(
+        self,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        candidates: int = 4,
+    ) -> SemanticMatch | None:
+        """The most similar live entry whose cosine reaches max(its own tolerance, `tolerance`)."""
+
+    @abstractmethod
+    async def delete(self, key: str) -> bool: ...
+
+    @abstractmethod
+    async def delete_bound_to(self, trace_id: str) -> list[str]:
+        """Drop every entry of the conversation `trace_id` (its own or listed as a dependency)."""
+
+    @abstractmethod
+    async def delete_expired(self, now_ms: int, limit: int = 1000) -> int: ...
+
+
+class L3Store(ValueStore, DescriptorStore, ABC):
+    """What the tiered cache needs from L3: both ports in one adapter."""
+
+    async def find(
+        self,
+        key: str,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        candidates: int = 4,
+    ) -> tuple[Entry, Literal["exact", "semantic"], float] | None:
+        """The exact key, else the best semantic match: one lookup's whole L3 leg. Adapters that can
+        answer both in one round trip override this."""
+        entry = await self.get(key, now_ms)
+        if entry is not None and (model is None or entry.meta.model == model):
+            return entry, "exact", 1.0
+        match = await self.search(embedding, now_ms, model=model, tolerance=tolerance, candidates=candidates)
+        return None if match is None else (match.entry, "semantic", match.similarity)
+
+
+# --- other nodes' L2 pools (DESIGN.md §1 L2) -------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteHit:
+    entry: Entry
+    peer: str  # the node's block server, host:port
+
+
+class RemoteL2(ABC):
+    """Other nodes' L2 pools, by exact key. Must not raise: a peer that fails or times out is a miss
+    (counted in `stats`)."""
+
+    @abstractmethod
+    async def fetch_many(self, keys: Sequence[str]) -> dict[str, RemoteHit]: ...
+
+    async def fetch(self, key: str) -> RemoteHit | None:
+        return (await self.fetch_many([key])).get(key)
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]: ...
