@@ -23,6 +23,7 @@ from schemas.events import (
     EvictionRequested,
     HeatScored,
     PromotionRequested,
+    WarmupApplied,
     WarmupRequested,
 )
 from services.runtime.kafka import Delivery, EventPublisher
@@ -78,6 +79,7 @@ class TiersService(Service):
         self._wake = asyncio.Event()
         self.published_invalidations = 0
         self.publish_errors = 0
+        self._delayed_commands: set[asyncio.Task[None]] = set()
 
     @property
     def api_url(self) -> str:
@@ -91,6 +93,7 @@ class TiersService(Service):
                 f"{s.postgres.cachemesh_embedding_dim}-d (CACHEMESH_EMBEDDING_DIM)"
             )
         self.publisher = await self.open_publisher(stack)
+        stack.push_async_callback(self._cancel_delayed_commands)
         # Registered after the publisher, so it runs before the publisher stops: queued events go out.
         stack.push_async_callback(self._drain_outbox)
         db = await self.open_database(stack)
@@ -259,10 +262,48 @@ class TiersService(Service):
             return
         if isinstance(event, HeatScored):
             cache.on_heat(event)
+        elif isinstance(event, WarmupRequested) and self._warmup_delay_ms(event) > 0:
+            # Started at its time in the background, so the commands and decisions behind it wait for
+            # nothing (a prefetch lost in a crash costs only a miss).
+            task = asyncio.create_task(self._run_command(event, self._warmup_delay_ms(event)))
+            self._delayed_commands.add(task)
+            task.add_done_callback(self._delayed_commands.discard)
         elif isinstance(event, WarmupRequested | PromotionRequested | EvictionRequested):
-            await cache.on_command(event)
+            await self._run_command(event)
         elif isinstance(event, ConversationEnded):
             await cache.on_conversation_ended(event)
+
+    def _warmup_delay_ms(self, event: WarmupRequested) -> int:
+        if event.start_at_ms is None or self.cache is None:
+            return 0
+        return max(0, min(event.start_at_ms - self.cache.wall_ms(), self.settings.max_warmup_delay_ms))
+
+    async def _run_command(
+        self, event: WarmupRequested | PromotionRequested | EvictionRequested, delay_ms: int = 0
+    ) -> None:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        assert self.cache is not None
+        report = await self.cache.on_command(event)
+        if report is None or isinstance(event, EvictionRequested):
+            return
+        applied = WarmupApplied(
+            node_id=self.settings.node_id,
+            command_event_id=event.event_id,
+            tier=report.tier,  # type: ignore[arg-type]
+            loaded=report.loaded,
+            already_present=report.already_present,
+            missing=report.missing,
+            from_peers=report.from_peers,
+            from_l3=report.from_l3,
+        )
+        assert self.publisher is not None
+        await self.publisher.publish(applied, wait=False)
+
+    async def _cancel_delayed_commands(self) -> None:
+        for task in list(self._delayed_commands):
+            task.cancel()
+        await asyncio.gather(*self._delayed_commands, return_exceptions=True)
 
     # --- loops ----------------------------------------------------------------------------------
 

@@ -91,6 +91,8 @@ class TiersSettings(ServiceSettings):
     # Events queued beyond these bounds are dropped and counted (never block a request).
     max_queued_access_events: Annotated[int, Field(gt=0)] = 100_000
     max_queued_invalidations: Annotated[int, Field(gt=0)] = 10_000
+    # A warmup command waits for its `start_at_ms` (seed §2.5) at most this long; later ones start now.
+    max_warmup_delay_ms: Annotated[int, Field(ge=0)] = 2_000
 
     # --- release safety (seed §4.4) ----------------------------------------------------------
     # Delayed double delete: the invalidation goes again this long after the write.

@@ -5,9 +5,10 @@ Sources of a warmup:
 - drift: the keys of a cluster labelled pulse or migrating (stream.drift.v1), inside the band;
 - penetration: the blocks that followed the penetrated prefix before (learned from kv.events.v1 parent
   links: the most frequent child, `prefix_depth` deep), inside the band;
-- conversation: a conversation's KV blocks once it has been idle `turn_idle_ms` (between its turns), to
-  the node that serves it, so the next turn finds them in the fast tiers. This follows a conversation
-  that is known to go on, so it does not wait for the band (the band gates burst prediction);
+- conversation: the KV blocks a conversation lost between its turns, loaded just before its next turn
+  is expected (`conversations.py`), to the node that serves it, so that turn finds them in the fast
+  tiers. This follows a conversation known to go on, so it does not wait for the band (the band gates
+  burst prediction);
 - neighbours: keys close to a key whose heat is rising (its drift cluster, and what the service finds
   near its embedding), inside the band.
 A byte budget caps prefetching; a key warmed in the last `rewarm_after_ms` is not warmed again.
@@ -37,6 +38,7 @@ from schemas.events import (
     WindowComputed,
 )
 from services.warmup.budget import ByteBudget, WarmLedger
+from services.warmup.conversations import Conversations
 from services.warmup.ftl import FtlModels
 from services.warmup.trigger import Band, DeltaT, LatencyQuantile, judge, warm_start_ms
 
@@ -49,13 +51,16 @@ class PlannerConfig:
     band: Band = field(default_factory=Band)
     tier: Tier = "l1"
     conversation_tier: Tier = "l2"
-    budget_bytes_per_s: float = 64 * 1024 * 1024
+    budget_bytes_per_s: float = 1024**3
+    budget_burst_s: float = 2.0
+    load_bytes_per_s: float = 2.5e9
     default_entry_bytes: int = 16 * 1024
     dependency_factor: float = 1.2
     default_dependency_ms: float = 50.0
     prefix_depth: int = 4
     turn_idle_ms: int = 1_000
-    max_conversation_blocks: int = 256
+    turn_lead_fraction: float = 0.75
+    max_conversation_blocks: int = 1_024
     rewarm_after_ms: int = 5_000
     rising_heat: float = 0.2
     ftl_batch: int = 200
@@ -79,14 +84,6 @@ class _Bounded(OrderedDict[str, V], Generic[V]):
 
 
 @dataclass(slots=True)
-class _Conversation:
-    node_id: str
-    blocks: OrderedDict[str, None]
-    last_ms: int
-    prefetched: bool = False
-
-
-@dataclass(slots=True)
 class _FtlBatch:
     n: int = 0
     misses: int = 0
@@ -96,18 +93,21 @@ class _FtlBatch:
 class WarmupPlanner:
     def __init__(self, config: PlannerConfig | None = None) -> None:
         self.config = c = config or PlannerConfig()
-        self.budget = ByteBudget(c.budget_bytes_per_s)
+        self.budget = ByteBudget(c.budget_bytes_per_s, c.budget_bytes_per_s * c.budget_burst_s)
         self.ledger = WarmLedger(c.useful_within_ms, c.max_tracked)
         self.delta_t = DeltaT(c.peak_horizon_ms)
         self.dependency = LatencyQuantile()
         self.ftl = FtlModels()
         self.windows: dict[str, WindowComputed] = {}  # shard -> latest 1 s window of all models
         self._sizes: _Bounded[int] = _Bounded(c.max_tracked)  # key -> size_bytes
+        self._mean_size: float | None = None
         self._nodes: _Bounded[str] = _Bounded(c.max_tracked)  # key -> node that served it last
         self._children: _Bounded[Counter[str]] = _Bounded(c.max_tracked)  # parent block -> children
         self._clusters: _Bounded[list[str]] = _Bounded(c.max_tracked)  # key -> its drift cluster
         self._heat: _Bounded[float] = _Bounded(c.max_tracked)  # key -> last heat score
-        self._conversations: OrderedDict[str, _Conversation] = OrderedDict()
+        self.conversations = Conversations(
+            c.turn_idle_ms, c.max_conversation_blocks, c.max_tracked, lead_fraction=c.turn_lead_fraction
+        )
         self._ftl_batches: dict[str, _FtlBatch] = {}
         self.rising: list[tuple[str, int]] = []  # (key, event ms) whose neighbours the service looks up
         self.commands = 0
@@ -127,12 +127,13 @@ class WarmupPlanner:
             self.on_block_stored(event)
         elif isinstance(event, KvBlockRemoved):
             self.ledger.evicted(event.block_hash)
+            self.conversations.removed(event.block_hash)
         elif isinstance(event, CacheAccessed):
             self.on_access(event)
         elif isinstance(event, HeatScored):
             return self.on_heat(event)
         elif isinstance(event, ConversationEnded):
-            self._conversations.pop(event.trace_id, None)
+            self.conversations.ended(event.trace_id)
         return []
 
     def on_window(self, w: WindowComputed) -> list[Event]:
@@ -154,7 +155,7 @@ class WarmupPlanner:
 
     def on_block_stored(self, e: KvBlockStored) -> None:
         if e.size_bytes is not None:
-            self._sizes.put(e.block_hash, e.size_bytes)
+            self._heard_size(e.block_hash, e.size_bytes)
         if e.node_id is not None:
             self._nodes.put(e.block_hash, e.node_id)
         if e.parent_block_hash is not None:
@@ -162,18 +163,18 @@ class WarmupPlanner:
             children[e.block_hash] += 1
             self._children.put(e.parent_block_hash, children)
         if e.trace_id is not None:
-            self._touch_conversation(e.trace_id, e.block_hash, e.node_id, e.occurred_at_ms)
+            self.conversations.touch(e.trace_id, e.block_hash, e.node_id, e.occurred_at_ms)
 
     def on_access(self, e: CacheAccessed) -> None:
         if e.node_id is not None:
             self._nodes.put(e.key, e.node_id)
         if e.size_bytes is not None:
-            self._sizes.put(e.key, e.size_bytes)
+            self._heard_size(e.key, e.size_bytes)
         self.ledger.read(e.key)
         if not e.hit:
             self.dependency.observe(e.latency_ms)
         if e.trace_id is not None and e.kind == "kv_block":
-            self._touch_conversation(e.trace_id, e.key, e.node_id, e.occurred_at_ms)
+            self.conversations.touch(e.trace_id, e.key, e.node_id, e.occurred_at_ms)
         if e.model is not None:
             self._observe_ftl(e.model, e.hit, e.latency_ms)
 
@@ -185,22 +186,6 @@ class WarmupPlanner:
         if batch.n >= self.config.ftl_batch:
             self.ftl.observe(model, batch.misses / batch.n, batch.latency_ms / batch.n)
             self._ftl_batches[model] = _FtlBatch()
-
-    def _touch_conversation(self, trace_id: str, block: str, node_id: str | None, now_ms: int) -> None:
-        conv = self._conversations.pop(trace_id, None)
-        if conv is None:
-            conv = _Conversation(node_id or ALL_NODES, OrderedDict(), now_ms)
-        conv.blocks.pop(block, None)
-        conv.blocks[block] = None
-        while len(conv.blocks) > self.config.max_conversation_blocks:
-            conv.blocks.popitem(last=False)
-        if node_id is not None:
-            conv.node_id = node_id
-        conv.last_ms = max(conv.last_ms, now_ms)
-        conv.prefetched = False
-        self._conversations[trace_id] = conv
-        while len(self._conversations) > self.config.max_tracked:
-            self._conversations.popitem(last=False)
 
     # -- decisions ----------------------------------------------------------------------------
 
@@ -251,25 +236,35 @@ class WarmupPlanner:
         return self._predictive("neighbours", ALL_NODES, keys, now_ms, why) if keys else []
 
     def tick(self, now_ms: int) -> list[Event]:
-        """Conversations idle for `turn_idle_ms`: bring their blocks up before the next turn."""
+        """Conversations whose next turn is near: bring their missing blocks up before it."""
         self.ledger.expire(now_ms)
         out: list[Event] = []
-        for trace_id, conv in self._conversations.items():
-            if conv.prefetched or now_ms - conv.last_ms < self.config.turn_idle_ms:
-                continue
-            conv.prefetched = True
-            why = f"conversation {trace_id} idle {now_ms - conv.last_ms} ms between turns"
-            out += self._warm(
+        for due in self.conversations.due(now_ms, self._load_ms_per_block()):
+            events = self._warm(
                 "conversation",
                 ALL_NODES,
-                list(conv.blocks),
+                due.blocks,
                 now_ms,
                 now_ms,
-                why,
+                due.why,
                 tier=self.config.conversation_tier,
-                node_id=conv.node_id,
+                node_id=due.node_id,
             )
+            sent = [k for e in events if isinstance(e, WarmupRequested) for k in e.keys]
+            self.conversations.loading(due.trace_id, sent)
+            out += events
         return out
+
+    def _load_ms_per_block(self) -> float:
+        mean = self._mean_size if self._mean_size is not None else self.config.default_entry_bytes
+        return 1000.0 * mean / self.config.load_bytes_per_s
+
+    def _heard_size(self, key: str, size: int) -> None:
+        self._sizes.put(key, size)
+        if self._mean_size is None:
+            self._mean_size = float(size)
+        else:
+            self._mean_size += (size - self._mean_size) / 256  # a running mean over recent sizes
 
     def _predictive(
         self, source: str, shard: str, keys: list[str], at_ms: int, why: str, cluster_id: str | None = None
@@ -406,7 +401,7 @@ class WarmupPlanner:
             "wasted_evicted": o.wasted_evicted,
             "wasted_unread": o.wasted_unread,
             "wasted_share": round(o.wasted_share(), 4),
-            "conversations": len(self._conversations),
+            "conversations": len(self.conversations),
             "ftl": {
                 m: dict(zip(("base_ms", "delta_ms"), f.params(), strict=True))
                 for m, f in self.ftl.fits.items()

@@ -9,6 +9,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -63,6 +64,7 @@ class WarmupService(Service):
         self.heads: dict[str, HeadHeat] = {}
         self.model_version: int | None = None
         self.events_applied = 0
+        self.measured: deque[WarmupMeasured] = deque(maxlen=1000)  # the latest Δt samples
         self._publisher: EventPublisher | None = None
         self._db: Database | None = None
         self._store: PostgresModelStore | None = None
@@ -141,6 +143,7 @@ class WarmupService(Service):
                     KEYS.labels(event.source).inc(len(event.keys))
             elif isinstance(event, WarmupMeasured):
                 DELTA_T.observe(event.delta_t_ms)
+                self.measured.append(event)
         WASTED.set(self.planner.ledger.outcomes.wasted_share())
 
     async def _tick_loop(self) -> None:

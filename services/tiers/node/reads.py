@@ -100,6 +100,8 @@ class TierReads:
         # trace id -> keys bound to it (may hold keys already evicted; checked before use, pruned).
         self._bound: dict[str, set[str]] = {}
         self._bound_count = 0
+        # Ids of tier commands applied, oldest first (TieredCache.on_command refuses a redelivery).
+        self._applied_commands: dict[str, None] = {}
         self.counters = Counters()
 
     # --- local tiers ----------------------------------------------------------------------------

@@ -36,6 +36,22 @@ __all__ = ["L3Unavailable", "Lookup", "PutResult", "Query", "TieredCache"]
 
 log = logging.getLogger(__name__)
 
+_REMEMBERED_COMMANDS = 10_000  # command ids kept to refuse a redelivery (beyond the consumer's window)
+
+
+@dataclass(slots=True)
+class CommandReport:
+    """What one tier command did on this node (published as `WarmupApplied`)."""
+
+    tier: str
+    loaded: int = 0
+    already_present: int = 0
+    missing: int = 0
+    from_l2: int = 0
+    from_peers: int = 0
+    from_l3: int = 0
+    dropped: int = 0  # an eviction command
+
 
 class L3Unavailable(RuntimeError):
     """L3 is behind an open breaker and the write-behind queue is full."""
@@ -210,28 +226,34 @@ class TieredCache(TierReads):
                 touched = self.l2.touch(event.key) or touched
             self.counters.heat_keep_alives += touched
 
-    async def on_command(self, event: WarmupRequested | PromotionRequested | EvictionRequested) -> int:
-        """Warmup / promotion: load the keys (from L2, else L3) into the target tier. Eviction: drop
-        them locally. Returns how many keys it acted on."""
-        if not self._for_me(event.node_id):
-            return 0
+    async def on_command(
+        self, event: WarmupRequested | PromotionRequested | EvictionRequested
+    ) -> CommandReport | None:
+        """Warmup / promotion: load the keys (from L2, a peer's L2, else L3) into the target tier.
+        Eviction: drop them locally. None when the command is not for this node or was applied already
+        (a redelivered command does nothing twice)."""
+        if not self._for_me(event.node_id) or event.event_id in self._applied_commands:
+            return None
+        self._applied_commands[event.event_id] = None
+        while len(self._applied_commands) > _REMEMBERED_COMMANDS:
+            del self._applied_commands[next(iter(self._applied_commands))]
         self.counters.commands += 1
         if isinstance(event, EvictionRequested):
-            return sum(self._drop_local(k, "evicted") for k in event.keys)
+            return CommandReport("l1", dropped=sum(self._drop_local(k, "evicted") for k in event.keys))
         tier = event.tier if isinstance(event, WarmupRequested) else event.to_tier
+        report = CommandReport(tier)
         if tier == "l3":
-            return 0
+            return report
         to_l1 = tier == "l1"
-        done = 0
         wanted = []
         for key in dict.fromkeys(event.keys):
-            if to_l1 and key in self.l1:
-                continue
-            if not to_l1 and self.l2 is not None and key in self.l2:
+            if (to_l1 and key in self.l1) or (not to_l1 and self.l2 is not None and key in self.l2):
+                report.already_present += 1
                 continue
             local = self.l2.get(key) if (to_l1 and self.l2 is not None and key in self.l2) else None
-            if local is not None:
-                done += bool(self._admit(local, to_l2=False))
+            if local is not None and self._admit(local, to_l2=False):
+                report.loaded += 1
+                report.from_l2 += 1
             else:
                 wanted.append(key)
         if wanted and self.peers is not None:
@@ -239,14 +261,19 @@ class TieredCache(TierReads):
             remote = await self._remote_entries([(k, None) for k in wanted])
             for hit in remote.values():
                 self._admit(hit.entry)
-            done += len(remote)
+            report.loaded += len(remote)
+            report.from_peers += len(remote)
             wanted = [k for k in wanted if k not in remote]
         if wanted and self.l3 is not None:
             _, rows = await self._l3_call(self.l3.get_many, wanted, self.wall_ms())
             for entry in (rows or {}).values():
-                done += bool(self._admit(entry, to_l1=to_l1))
-        self.counters.warmed += done
-        return done
+                if self._admit(entry, to_l1=to_l1):
+                    report.loaded += 1
+                    report.from_l3 += 1
+            wanted = [k for k in wanted if k not in (rows or {})]
+        report.missing = len(wanted)
+        self.counters.warmed += report.loaded
+        return report
 
     async def on_conversation_ended(self, event: ConversationEnded) -> list[str]:
         """Entries bound to the conversation (its trace id, or listing it as a dependency) go, here

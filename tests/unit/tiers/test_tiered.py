@@ -262,14 +262,23 @@ async def test_warmup_and_promotion_load_from_l3_and_eviction_removes() -> None:
     rig = make()
     for key in ("w1", "w2", "p1"):
         rig.l3.rows[key] = stored(key, key, rig.clock)
-    assert await rig.cache.on_command(WarmupRequested(keys=["w1", "w2", "missing"])) == 2
+    warmup = WarmupRequested(keys=["w1", "w2", "missing"])
+    report = await rig.cache.on_command(warmup)
+    assert report is not None
+    assert (report.loaded, report.from_l3, report.missing, report.already_present) == (2, 2, 1, 0)
     assert "w1" in rig.cache.l1 and "w2" in rig.cache.l1
-    assert await rig.cache.on_command(PromotionRequested(keys=["p1"], node_id="somebody-else")) == 0
-    assert await rig.cache.on_command(PromotionRequested(keys=["p1"], node_id="a", to_tier="l2")) == 1
+    assert await rig.cache.on_command(warmup) is None, "a redelivered command does nothing twice"
+    again = await rig.cache.on_command(WarmupRequested(keys=["w1", "w2"]))
+    assert again is not None and (again.loaded, again.already_present) == (0, 2)
+    assert await rig.cache.on_command(PromotionRequested(keys=["p1"], node_id="somebody-else")) is None
+    to_l2 = await rig.cache.on_command(PromotionRequested(keys=["p1"], node_id="a", to_tier="l2"))
+    assert to_l2 is not None and to_l2.loaded == 1
     assert rig.cache.l2 is not None and "p1" in rig.cache.l2 and "p1" not in rig.cache.l1
-    assert await rig.cache.on_command(PromotionRequested(keys=["p1"])) == 1  # from L2, no L3 call
+    up = await rig.cache.on_command(PromotionRequested(keys=["p1"]))  # from L2, no L3 call
+    assert up is not None and (up.loaded, up.from_l2, up.from_l3) == (1, 1, 0)
     assert "p1" in rig.cache.l1
-    assert await rig.cache.on_command(EvictionRequested(keys=["w1", "p1"], node_id="*")) == 2
+    evicted = await rig.cache.on_command(EvictionRequested(keys=["w1", "p1"], node_id="*"))
+    assert evicted is not None and evicted.dropped == 2
     assert "w1" not in rig.cache.l1 and "p1" not in rig.cache.l2
     assert set(rig.l3.rows) == {"w1", "w2", "p1"}
 
@@ -485,5 +494,6 @@ async def test_batched_lookups_and_warmup_ask_peers_once_for_all_local_misses() 
     assert peers.asked == [["p0", "p1", "l3-only", "p2"]]
     rig.cache._drop_local("l3-only", "test")
     done = await rig.cache.on_command(WarmupRequested(keys=["p2", "l3-only", "local"], node_id="a"))
-    assert done == 2 and "p2" in rig.cache.l1 and "l3-only" in rig.cache.l1
+    assert done is not None and (done.loaded, done.from_peers, done.from_l3) == (2, 1, 1)
+    assert "p2" in rig.cache.l1 and "l3-only" in rig.cache.l1
     assert peers.asked[-1] == ["p2", "l3-only"], "peers first, L3 for the rest"

@@ -111,26 +111,70 @@ def test_a_penetrated_prefix_warms_the_blocks_that_followed_it() -> None:
     assert "3 blocks followed it" in (cmd.reason or "")
 
 
-def test_a_conversation_idle_between_turns_gets_its_blocks_on_its_node_once() -> None:
+def test_without_removal_events_a_conversation_is_warmed_once_per_turn_on_its_node() -> None:
     p = WarmupPlanner(PlannerConfig(turn_idle_ms=1000))
     for i in range(3):
         p.apply(KvBlockStored(block_hash=f"k{i}", trace_id="conv", node_id="n7", occurred_at_ms=T + i))
     assert p.tick(T + 500) == []
     [cmd] = commands(p.tick(T + 1500))
     assert cmd.keys == ["k0", "k1", "k2"] and cmd.node_id == "n7" and cmd.tier == "l2"
-    assert "between turns" in (cmd.reason or "")
+    assert "next turn expected" in (cmd.reason or "")
     assert p.tick(T + 3000) == []  # once per turn
-    # A new turn, then idle again: prefetched again (the rewarm guard has passed by then).
     p.apply(CacheAccessed(key="k3", hit=True, kind="kv_block", trace_id="conv", occurred_at_ms=T + 9000))
-    assert commands(p.tick(T + 10_500))[0].keys == ["k0", "k1", "k2", "k3"]
+    # That pause was ~9 s: the next warmup waits for 0.75 of it.
+    assert commands(p.tick(T + 10_500)) == []
+    assert commands(p.tick(T + 15_800))[0].keys == ["k0", "k1", "k2", "k3"]
     p.apply(CacheAccessed(key="k4", hit=True, kind="kv_block", trace_id="conv", occurred_at_ms=T + 20_000))
     p.apply(ConversationEnded(trace_id="conv", occurred_at_ms=T + 20_001))
     assert p.tick(T + 30_000) == []
 
 
+def test_only_dropped_blocks_are_warmed_just_before_the_expected_next_turn() -> None:
+    config = PlannerConfig(turn_idle_ms=1000, turn_lead_fraction=0.75, load_bytes_per_s=1e6)
+    p = WarmupPlanner(config)
+
+    def turn(at: int, blocks: range) -> None:
+        for i in blocks:
+            p.apply(
+                KvBlockStored(
+                    block_hash=f"b{i}", trace_id="c", node_id="n1", size_bytes=1000, occurred_at_ms=at
+                )
+            )
+
+    turn(T, range(0, 4))
+    turn(T + 20_000, range(4, 8))  # the first pause: 20 s
+    end = T + 20_000
+    p.apply(KvBlockRemoved(block_hash="b1", occurred_at_ms=end + 100))
+    p.apply(KvBlockRemoved(block_hash="b5", occurred_at_ms=end + 200))
+    # Due at 0.75 x 20 s after the last access, minus 2 blocks x 1 ms of load time.
+    assert commands(p.tick(end + 14_990)) == []
+    [cmd] = commands(p.tick(end + 14_999))
+    assert cmd.keys == ["b1", "b5"] and cmd.node_id == "n1"
+    assert commands(p.tick(end + 15_100)) == []  # sent: no longer missing
+    # Dropped again before the turn came: armed again.
+    p.apply(KvBlockRemoved(block_hash="b5", occurred_at_ms=end + 16_000))
+    assert commands(p.tick(end + 16_100))[0].keys == ["b5"]
+    # Blocks of an idle conversation that were never dropped are not warmed at all.
+    turn(T + 100_000, range(8, 10))
+    assert commands(p.tick(T + 200_000)) == []
+
+
+def test_blocks_the_budget_could_not_take_are_retried() -> None:
+    config = PlannerConfig(budget_bytes_per_s=2000, budget_burst_s=1.0, load_bytes_per_s=1e9)
+    p = WarmupPlanner(config)
+    for i in range(4):
+        p.apply(KvBlockStored(block_hash=f"b{i}", trace_id="c", size_bytes=1000, occurred_at_ms=T))
+        p.apply(KvBlockRemoved(block_hash=f"b{i}", occurred_at_ms=T + 1))
+    first = commands(p.tick(T + 5_000))[0].keys
+    second = commands(p.tick(T + 6_000))[0].keys
+    assert first == ["b0", "b1"] and second == ["b2", "b3"]
+
+
 def test_a_key_warmed_recently_is_not_warmed_twice_and_the_budget_caps_bytes() -> None:
     p = WarmupPlanner(
-        PlannerConfig(budget_bytes_per_s=10_000, default_entry_bytes=4_000, rewarm_after_ms=5_000)
+        PlannerConfig(
+            budget_bytes_per_s=10_000, budget_burst_s=1, default_entry_bytes=4_000, rewarm_after_ms=5_000
+        )
     )
     p.apply(window("s0", T - 1000, 100))
     first = commands(p.apply(drift(["a", "b", "c"])))
