@@ -1,0 +1,139 @@
+"""The request and response bodies of the tier node's HTTP API (pydantic; they make its OpenAPI
+document). Bounds live here so a bad body is refused before a route runs."""
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.descriptor import MAX_DEPENDENCIES, MAX_TAGS
+from schemas.events import MAX_KEY_CHARS, EntryKind, Tier
+from services.tiers import codec
+
+DTypeName = Literal["float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
+
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+Finite = Annotated[float, Field(allow_inf_nan=False)]
+TagName = Annotated[str, Field(min_length=1, max_length=128)]
+TagValue = Annotated[str, Field(max_length=4096)]
+Tags = Annotated[dict[TagName, TagValue], Field(max_length=MAX_TAGS)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class TensorIn(_Strict):
+    dtype: DTypeName
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=codec.MAX_NDIM)]
+    data_b64: str = Field(description="little-endian, C order; bfloat16 as its 16-bit patterns")
+
+
+class ValueIn(_Strict):
+    """Exactly one of `text` (an answer, stored as UTF-8) or `tensor`."""
+
+    text: str | None = None
+    tensor: TensorIn | None = None
+
+
+class EmbeddingFields(_Strict):
+    embedding: list[Finite] | None = Field(default=None, description="float vector of the cache's dimension")
+    embedding_b64: str | None = Field(default=None, description="the same as base64 little-endian float32")
+
+
+class PutBody(EmbeddingFields):
+    value: ValueIn
+    model: Annotated[str, Field(min_length=1, max_length=256)]
+    kind: EntryKind = "prompt"
+    embed_text: str | None = Field(
+        default=None,
+        description="embed this text (the prompt) with all-MiniLM-L6-v2 as the entry's embedding",
+    )
+    ttl_hint_ms: Annotated[int, Field(gt=0)] | None = None
+    similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    invalidate_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="cosine at which other entries are invalidated (default: the tolerance)"
+    )
+    context_dependency_ids: Annotated[list[Key], Field(max_length=MAX_DEPENDENCIES)] = Field(
+        default_factory=list
+    )
+    trace_id: Key | None = None
+    semantic_tags: Annotated[dict[TagName, TagValue], Field(max_length=MAX_TAGS)] = Field(
+        default_factory=dict
+    )
+    layer_range: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = (0, 0)
+    token_range: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0)]] = (0, 0)
+
+
+class LookupBody(EmbeddingFields):
+    """A key, an embedding, a text (embedded here), or a key with either: the exact key goes first."""
+
+    key: Key | None = None
+    text: str | None = None
+    model: str | None = None
+    tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    trace_id: Key | None = None
+    include_value: bool = True
+
+
+class BatchBody(_Strict):
+    requests: Annotated[list[LookupBody], Field(min_length=1)]
+
+
+class ValueOut(BaseModel):
+    kind: EntryKind
+    model: str
+    dtype: str
+    shape: list[int]
+    layer_range: tuple[int, int]
+    token_range: tuple[int, int]
+    checksum: int
+    size_bytes: int
+    text: str | None = None
+    data_b64: str | None = None
+
+
+class DescriptorOut(BaseModel):
+    key: str
+    kind: EntryKind
+    model: str
+    similarity_tolerance: float
+    ttl_hint_ms: int | None
+    trace_id: str | None
+    context_dependency_ids: list[str]
+    semantic_tags: dict[str, str]
+    created_at_ms: int
+    updated_at_ms: int
+    size_bytes: int
+
+
+class LookupOut(BaseModel):
+    hit: bool
+    key: str | None = None
+    tier: Tier | None = None
+    match: Literal["exact", "semantic"] | None = None
+    similarity: float | None = None
+    latency_us: float
+    degraded: bool = Field(description="L3 was skipped (circuit breaker open) or failed")
+    remote: bool = Field(default=False, description="tier l2 of another node: its pool served the value")
+    peer: str | None = Field(default=None, description="that node's block server (host:port)")
+    descriptor: DescriptorOut | None = None
+    value: ValueOut | None = None
+    value_omitted: bool = False
+
+
+class BatchOut(BaseModel):
+    results: list[LookupOut]
+
+
+class PutOut(BaseModel):
+    key: str
+    size_bytes: int
+    tiers: list[Tier]
+    persisted: bool = Field(description="False: queued for L3 (circuit breaker open)")
+    invalidated_local: list[str]
+    updated_at_ms: int
+
+
+class DeleteOut(BaseModel):
+    key: str
+    deleted: bool
