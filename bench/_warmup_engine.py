@@ -230,7 +230,8 @@ class Engine:
         self.run = EngineRun()
         self._parent: dict[int, int | None] = {}
         self._pending: dict[int, float] = {}  # block -> when its background load completes
-        self._loads: list[tuple[float, int]] = []  # heap of (done_ms, block)
+        # heap of (done_ms, block, target): target "gpu" (a command for l1) or "l2" (from L3 up to L2)
+        self._loads: list[tuple[float, int, str]] = []
         self._link_free = {"l2": 0.0, "l3": 0.0}
         self._prefetched: set[int] = set()  # loaded by warmup, not read by a request yet
         self._ticked_ms: int | None = None
@@ -255,12 +256,19 @@ class Engine:
 
     def _finish_loads(self, until_ms: float) -> None:
         while self._loads and self._loads[0][0] <= until_ms:
-            done, block = heapq.heappop(self._loads)
+            done, block, target = heapq.heappop(self._loads)
             if self._pending.get(block) != done:
                 continue  # overtaken by a request
             del self._pending[block]
             assert self.policy is not None
             if block in self.policy:
+                continue
+            if target == "l2":
+                if block not in self.l2:
+                    self._spill(block)
+                    self._prefetched.add(block)
+                    self.run.prefetch.loaded += 1
+                    self.run.prefetch.bytes_loaded += self.config.block_bytes
                 continue
             if self._admit(block, int(done)):
                 self._prefetched.add(block)
@@ -386,6 +394,14 @@ class Engine:
     def _spill(self, block: int) -> None:
         for old in self.l2.put(block):
             self.l3.put(old)
+            if self.planner is not None:  # as an offloading engine reports it (vLLM's medium="cpu")
+                self._tell(
+                    [
+                        KvBlockRemoved(
+                            block_hash=str(old), medium="cpu", node_id=NODE, occurred_at_ms=self._clock_ms
+                        )
+                    ]
+                )
 
     # -- the planner -----------------------------------------------------------------------------
 
@@ -411,7 +427,10 @@ class Engine:
             for key in cmd.keys:
                 stats.keys += 1
                 block = int(key)
-                if block in self.policy or block in self._pending:
+                # A command for l2 brings a block from L3 up to the host/peer pool (L2), leaving the GPU
+                # tier alone; one for l1 brings it into the GPU tier (the serving engine's own cache).
+                to_gpu = cmd.tier == "l1"
+                if block in self.policy or block in self._pending or (not to_gpu and block in self.l2):
                     stats.already_present += 1
                     continue
                 tier = "l2" if block in self.l2 else "l3" if block in self.l3 else ""
@@ -422,4 +441,4 @@ class Engine:
                 done = begin + self.config.load_ms(tier)
                 self._link_free[tier] = done
                 self._pending[block] = done
-                heapq.heappush(self._loads, (done, block))
+                heapq.heappush(self._loads, (done, block, "gpu" if to_gpu else "l2"))

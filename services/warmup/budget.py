@@ -1,10 +1,10 @@
 """Caps on what warmup may load: a token bucket of prefetch bytes per second (in event time), and the
 ledger of warmed keys that tells a useful prefetch (read before `useful_within_ms`) from a wasted one
-(evicted or never read)."""
+(evicted or never read), per source, so a source whose prefetches keep going to waste can back off."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 
@@ -68,6 +68,7 @@ class WarmLedger:
         self._open: OrderedDict[str, Warmed] = OrderedDict()
         self.outcomes = Outcomes()
         self.bytes_warmed = 0
+        self._recent: dict[str, deque[bool]] = {}  # source -> the latest outcomes (True: useful)
 
     def __contains__(self, key: str) -> bool:
         return key in self._open
@@ -87,15 +88,32 @@ class WarmLedger:
         w = self._open.get(key)
         return w.t_warm_ms if w is not None else None
 
+    def _judged(self, w: Warmed, useful: bool) -> None:
+        recent = self._recent.get(w.source)
+        if recent is None:
+            recent = self._recent[w.source] = deque(maxlen=200)
+        recent.append(useful)
+
+    def recent_wasted_share(self, source: str, min_judged: int = 50) -> float | None:
+        """The wasted share of the latest (up to 200) judged prefetches of `source`; None until
+        `min_judged` have been judged."""
+        recent = self._recent.get(source)
+        if recent is None or len(recent) < min_judged:
+            return None
+        return 1.0 - sum(recent) / len(recent)
+
     def read(self, key: str) -> Warmed | None:
         w = self._open.pop(key, None)
         if w is not None:
             self.outcomes.useful += 1
+            self._judged(w, True)
         return w
 
     def evicted(self, key: str) -> None:
-        if self._open.pop(key, None) is not None:
+        w = self._open.pop(key, None)
+        if w is not None:
             self.outcomes.wasted_evicted += 1
+            self._judged(w, False)
 
     def expire(self, now_ms: int) -> int:
         n = 0
@@ -105,5 +123,6 @@ class WarmLedger:
                 break
             del self._open[key]
             self.outcomes.wasted_unread += 1
+            self._judged(w, False)
             n += 1
         return n

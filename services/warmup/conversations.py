@@ -43,7 +43,9 @@ class Conversations:
         lead_fraction: float = 0.75,
         prior_quantile: float = 0.25,
         gap_alpha: float = 0.5,
+        media: frozenset[str] = frozenset({"gpu", "cpu", "disk"}),
     ) -> None:
+        self.media = media
         self.turn_idle_ms = turn_idle_ms
         self.max_blocks = max_blocks
         self.max_conversations = max_conversations
@@ -93,7 +95,12 @@ class Conversations:
         while len(self._owner) > self.max_conversations:
             self._owner.popitem(last=False)
 
-    def removed(self, block: str) -> None:
+    def removed(self, block: str, medium: str | None = None) -> None:
+        """The engine dropped `block` from `medium`. Only drops from the media this planner warms
+        into matter: warming into L2 (host/peer memory) is for blocks that left it (`cpu`, `disk`,
+        or not said), not for those that left the GPU and still sit in L2."""
+        if medium is not None and medium not in self.media:
+            return
         self.removals_seen = True
         trace_id = self._owner.get(block)
         conv = self._by_trace.get(trace_id) if trace_id is not None else None

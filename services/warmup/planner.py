@@ -66,6 +66,10 @@ class PlannerConfig:
     ftl_batch: int = 200
     peak_horizon_ms: int = 10_000
     useful_within_ms: int = 60_000
+    # A source whose latest judged prefetches were mostly wasted backs off (they evict what the cache
+    # needs); one warmup in `probe_every` still goes, so the source can show it has become useful.
+    max_wasted_share: float = 0.5
+    probe_every: int = 10
     max_tracked: int = 100_000
 
 
@@ -106,13 +110,19 @@ class WarmupPlanner:
         self._clusters: _Bounded[list[str]] = _Bounded(c.max_tracked)  # key -> its drift cluster
         self._heat: _Bounded[float] = _Bounded(c.max_tracked)  # key -> last heat score
         self.conversations = Conversations(
-            c.turn_idle_ms, c.max_conversation_blocks, c.max_tracked, lead_fraction=c.turn_lead_fraction
+            c.turn_idle_ms,
+            c.max_conversation_blocks,
+            c.max_tracked,
+            lead_fraction=c.turn_lead_fraction,
+            # Warming into L1 answers any drop; into L2, only a drop out of host memory or further.
+            media=frozenset({"gpu", "cpu", "disk"} if c.conversation_tier == "l1" else {"cpu", "disk"}),
         )
         self._ftl_batches: dict[str, _FtlBatch] = {}
         self.rising: list[tuple[str, int]] = []  # (key, event ms) whose neighbours the service looks up
         self.commands = 0
         self.held = 0
         self.budget_dropped = 0
+        self._backed_off: dict[str, int] = {}  # source -> warmups held for waste (probes counted)
 
     # -- what the planner hears ---------------------------------------------------------------
 
@@ -127,7 +137,7 @@ class WarmupPlanner:
             self.on_block_stored(event)
         elif isinstance(event, KvBlockRemoved):
             self.ledger.evicted(event.block_hash)
-            self.conversations.removed(event.block_hash)
+            self.conversations.removed(event.block_hash, event.medium)
         elif isinstance(event, CacheAccessed):
             self.on_access(event)
         elif isinstance(event, HeatScored):
@@ -240,6 +250,13 @@ class WarmupPlanner:
         self.ledger.expire(now_ms)
         out: list[Event] = []
         for due in self.conversations.due(now_ms, self._load_ms_per_block()):
+            backing_off = self._backing_off("conversation")
+            if backing_off is not None:  # given up for this turn
+                out.append(
+                    self._hold("conversation", ALL_NODES, due.blocks, now_ms, f"{backing_off}; {due.why}")
+                )
+                self.conversations.loading(due.trace_id, due.blocks)
+                continue
             events = self._warm(
                 "conversation",
                 ALL_NODES,
@@ -251,7 +268,12 @@ class WarmupPlanner:
                 node_id=due.node_id,
             )
             sent = [k for e in events if isinstance(e, WarmupRequested) for k in e.keys]
-            self.conversations.loading(due.trace_id, sent)
+            held_for_waste = any(
+                isinstance(e, WarmupDecided) and e.action == "hold" and "were wasted" in e.reason
+                for e in events
+            )
+            # Blocks held for waste are given up for this turn; those the budget could not take retry.
+            self.conversations.loading(due.trace_id, due.blocks if held_for_waste else sent)
             out += events
         return out
 
@@ -275,6 +297,9 @@ class WarmupPlanner:
         verdict = judge(window.qps, window.entropy_bits, self.config.band)
         if not verdict.warm:
             return [self._hold(source, shard, keys, at_ms, f"{verdict.reason}; {why}", window, cluster_id)]
+        backing_off = self._backing_off(source)
+        if backing_off is not None:
+            return [self._hold(source, shard, keys, at_ms, f"{backing_off}; {why}", window, cluster_id)]
         start = warm_start_ms(
             at_ms,
             self.dependency.value(self.config.default_dependency_ms),
@@ -379,6 +404,16 @@ class WarmupPlanner:
                     )
                 )
         return out
+
+    def _backing_off(self, source: str) -> str | None:
+        """Why `source` holds now because its prefetches keep going to waste (None: it may warm)."""
+        wasted = self.ledger.recent_wasted_share(source)
+        if wasted is None or wasted <= self.config.max_wasted_share:
+            return None
+        self._backed_off[source] = self._backed_off.get(source, 0) + 1
+        if self._backed_off[source] % self.config.probe_every == 0:
+            return None  # a probe
+        return f"hold: {wasted:.0%} of the latest {source} prefetches were wasted"
 
     def _recently_warmed(self, key: str, now_ms: int) -> bool:
         at = self.ledger.warmed_at(key)

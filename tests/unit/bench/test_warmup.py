@@ -4,6 +4,7 @@ long-context generator and the health formula. The benchmark itself is not run h
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -76,12 +77,29 @@ def test_warmup_brings_an_idle_conversation_back_before_its_next_turn() -> None:
     config = toy(gpu_blocks=4, l2_blocks=4)
     cold = Engine(config, make_policy("lru", 4))
     assert [cold.serve(r) for r in conversation_trace()][-1].ftl_ms == pytest.approx(15 + 2 * 10 + 51.2)
-    # The planner warms a (idle 1 s) at t=1000: 1 and 2 load from L2 by t=1020.
-    warm = Engine(config, make_policy("lru", 4), WarmupPlanner(planner_config(config)))
+    # A planner that warms into the GPU tier (l1) brings a back (idle 1 s) at t=1000: 1 and 2 load
+    # from L2 by t=1020.
+    to_gpu = replace(planner_config(config), conversation_tier="l1")
+    warm = Engine(config, make_policy("lru", 4), WarmupPlanner(to_gpu))
     last = [warm.serve(r) for r in conversation_trace()][-1]
     assert (last.ftl_ms, last.gpu_hits) == (pytest.approx(15 + 51.2), 2)
     assert warm.run.prefetch.loaded >= 2
     assert warm.run.prefetch.read == 2
+
+
+def test_a_warmup_for_l2_brings_blocks_up_from_l3_and_leaves_the_gpu_alone() -> None:
+    config = toy(gpu_blocks=4, l2_blocks=2)
+    trace = [
+        Request(0, (1, 2), 1024, "a"),
+        Request(10, (3, 4, 5, 6), 2048),  # a's blocks leave the GPU for L2
+        Request(20, (8, 9, 10), 1536),  # and L2 for L3
+        Request(2_000, (1, 2, 7), 1536, "a", turn=1),
+    ]
+    cold = Engine(config, make_policy("lru", 4))
+    assert [cold.serve(r) for r in trace][-1].ftl_ms == pytest.approx(15 + 2 * 100 + 51.2)
+    warm = Engine(config, make_policy("lru", 4), WarmupPlanner(planner_config(config)))
+    last = [warm.serve(r) for r in trace][-1]
+    assert (last.ftl_ms, last.l2_loads, last.l3_loads) == (pytest.approx(15 + 2 * 10 + 51.2), 2, 0)
 
 
 def test_long_context_grows_to_32k_in_8_turns() -> None:

@@ -228,3 +228,22 @@ def test_ftl_pairs_are_fitted_per_model_from_accesses() -> None:
                 p.apply(CacheAccessed(key=f"k{i}", hit=hit, model="7b", latency_ms=100.0 if hit else 700.0))
     base, delta = p.ftl.fits["7b"].params()
     assert round(base) == 100 and round(delta) == 600
+
+
+def test_a_source_whose_prefetches_go_to_waste_backs_off_and_probes() -> None:
+    p = WarmupPlanner(PlannerConfig(max_wasted_share=0.5, probe_every=10, rewarm_after_ms=0))
+    p.apply(window("s0", T - 1000, 100))
+    # 50 pulses whose keys are evicted unread: the drift source's latest outcomes are all waste.
+    for i in range(50):
+        [cmd] = commands(p.apply(drift([f"k{i}"], at=T + i)))
+        p.apply(KvBlockRemoved(block_hash=cmd.keys[0], occurred_at_ms=T + i))
+    outcomes = [p.apply(drift([f"n{i}"], at=T + 100 + i)) for i in range(20)]
+    held = [r for out in outcomes for r in records(out) if r.action == "hold"]
+    sent = [c for out in outcomes for c in commands(out)]
+    assert len(held) == 18 and len(sent) == 2  # one probe in ten
+    assert "100% of the latest drift prefetches were wasted" in held[0].reason
+    # Useful probes bring it back once they outnumber the waste among the latest outcomes.
+    for i in range(600):
+        for c in commands(p.apply(drift([f"u{i}"], at=T + 1000 + i))):
+            p.apply(CacheAccessed(key=c.keys[0], hit=True, occurred_at_ms=T + 1000 + i))
+    assert commands(p.apply(drift(["last"], at=T + 5000)))
