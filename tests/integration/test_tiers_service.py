@@ -104,9 +104,12 @@ async def test_put_on_node_a_drops_close_entries_on_node_b(
     kafka, namespace, topics_on, node_settings
 ) -> None:
     await topics_on(kafka)
+    # The L3 breaker is not under test here: on a loaded machine a slow Postgres call must not open it
+    # and turn the L3 read-back below into a degraded miss (it did once in CI).
+    patient = {"l3_breaker_p99_ms": 10_000.0}
     async with (
-        running(node_settings("a")) as a,
-        running(node_settings("b")) as b,
+        running(node_settings("a", **patient)) as a,
+        running(node_settings("b", **patient)) as b,
         InvalidationTap(kafka.bootstrap, namespace) as tap,
     ):
         await linked(a, b)
