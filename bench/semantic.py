@@ -182,7 +182,7 @@ class Fixed:
                 return Verdict.SERVE, c
         return Verdict.MISS, None
 
-    def feedback(self, c: Candidate, correct: bool) -> None:
+    def feedback(self, c: Candidate, correct: bool, explored: bool = False) -> None:
         pass
 
 
@@ -197,8 +197,8 @@ class Learned:
         result = self.decision.best_candidate(text, cands)
         return result.verdict, result.candidate
 
-    def feedback(self, c: Candidate, correct: bool) -> None:
-        self.decision.feedback(c, correct)
+    def feedback(self, c: Candidate, correct: bool, explored: bool = False) -> None:
+        self.decision.feedback(c, correct, explored=explored)
 
 
 def simulate(
@@ -238,7 +238,7 @@ def simulate(
         else:
             if verdict is Verdict.EXPLORE and chosen is not None:
                 tally.explored += 1
-                method.feedback(chosen, world.answer[chosen.text] == mine)
+                method.feedback(chosen, world.answer[chosen.text] == mine, explored=True)
             matrix[len(texts)] = vectors[text]
             texts.append(text)
             states.append(EntryThreshold())

@@ -127,7 +127,10 @@ class MatchDecision:
         ]
         served = [r for r in results if r.served]
         if served:
-            return max(served, key=lambda r: (r.exact, r.similarity, -_tier(r)))
+            best = max(served, key=lambda r: (r.exact, r.similarity, -_tier(r)))
+            if not best.exact:
+                self.learner.note_served()
+            return best
         explored = [r for r in results if r.verdict is Verdict.EXPLORE]
         if explored:
             return max(explored, key=lambda r: r.similarity)
@@ -135,11 +138,12 @@ class MatchDecision:
             return max(results, key=lambda r: r.similarity)
         return MatchResult(Verdict.MISS, 0.0, float("inf"), "no candidate")
 
-    def feedback(self, candidate: Candidate, correct: bool) -> None:
-        """A label for a served or explored candidate: the user/gateway verdict, or whether answers agreed."""
+    def feedback(self, candidate: Candidate, correct: bool, *, explored: bool = False) -> None:
+        """A label for a served candidate (the user/gateway verdict) or an explored one (`explored`: whether
+        the model's answer agreed). Label only what was served or explored: the bound assumes so."""
         if candidate.state is None:
             raise ValueError("feedback needs the candidate's EntryThreshold state")
-        self.learner.observe(candidate.state, candidate.similarity, correct)
+        self.learner.observe(candidate.state, candidate.similarity, correct, explored=explored)
 
 
 def _tier(result: MatchResult) -> int:
