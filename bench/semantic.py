@@ -11,7 +11,9 @@ only. The dev half starts cold; the test half keeps the pooled model learned (fr
 the dev half, as a node's pool persists (`--cold-test` starts it cold).
 
 Methods: fixed cosine thresholds (0.60 is GPTCache's default, 0.92 the tier node's), 0.92 with the
-guards, and the learned decision (matching/) at δ = 1%, 2%, 5% with guards, and at 2% without.
+guards, and the learned decision (matching/) at δ = 1%, 2%, 5% with guards, and at 2% without. The
+"ceiling" rows are no method: per δ, the lowest fixed threshold (+ guards, grid 0.86-0.99) whose error
+on that half is <= δ, picked knowing the labels: what any similarity rule could at best reach there.
 
     .venv/bin/python -m bench.semantic [--seeds 5] [--feedback-rate 0.5] [--candidates 3]
 
@@ -29,7 +31,9 @@ import random
 import re
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -276,48 +280,98 @@ def run(args: argparse.Namespace, console: Console) -> list[dict[str, object]]:
     pools: dict[tuple[str, int], ThresholdLearner] = {}
     for half_name, half in zip(("dev", "test"), world.halves, strict=True):
         for name, param, learned, use_guards in METHODS:
-            total = Tally()
-            started = time.perf_counter()
-            for seed in range(args.seeds):
-                rng = random.Random(seed)
-                stream = list(half)
-                rng.shuffle(stream)
-                method: Fixed | Learned = Fixed(param, use_guards)
-                if learned:
-                    pool = pools.get((name, seed)) if args.warm_test else None
-                    method = Learned(param, use_guards, random.Random(seed + 1000), pool)
-                    pools[(name, seed)] = method.decision.learner
-                t = simulate(method, stream, vectors, world, rng, args.feedback_rate, args.candidates)
-                for k in (
-                    "requests",
-                    "para",
-                    "para_hit",
-                    "trap",
-                    "trap_served",
-                    "served",
-                    "wrong",
-                    "explored",
-                ):
-                    setattr(total, k, getattr(total, k) + getattr(t, k))
-                for src, (n, hit) in t.para_by_source.items():
-                    total.para_by_source[src][0] += n
-                    total.para_by_source[src][1] += hit
-            rows.append(
-                {
-                    "half": half_name,
-                    "method": name,
-                    "requests": total.requests,
-                    "para_hit": total.para_hit / max(total.para, 1),
-                    "gptcache_hit": _ratio(total.para_by_source.get("gptcache")),
-                    "fow_hit": _ratio(total.para_by_source.get("fow")),
-                    "traps_served": total.trap_served / max(total.trap, 1),
-                    "wrong": total.wrong / max(total.served, 1),
-                    "served": total.served / max(total.requests, 1),
-                    "explored": total.explored / max(total.requests, 1),
-                    "seconds": time.perf_counter() - started,
-                }
-            )
-            console.print(f"{half_name} {name}: {time.perf_counter() - started:.1f} s", style="dim")
+
+            def make(
+                seed: int,
+                name: str = name,
+                param: float = param,
+                learned: bool = learned,
+                use_guards: bool = use_guards,
+            ) -> Fixed | Learned:
+                if not learned:
+                    return Fixed(param, use_guards)
+                pool = pools.get((name, seed)) if args.warm_test else None
+                method = Learned(param, use_guards, random.Random(seed + 1000), pool)
+                pools[(name, seed)] = method.decision.learner
+                return method
+
+            rows.append(measure(half_name, half, name, make, vectors, world, args))
+            console.print(f"{half_name} {name}: {float(str(rows[-1]['seconds'])):.1f} s", style="dim")
+        rows += hindsight(half_name, half, vectors, world, args)
+    return rows
+
+
+def measure(
+    half_name: str,
+    half: list[str],
+    name: str,
+    make: Callable[[int], Fixed | Learned],
+    vectors: dict[str, np.ndarray],
+    world: World,
+    args: argparse.Namespace,
+) -> dict[str, object]:
+    """One method over `args.seeds` shuffles of a half, as one table row."""
+    total = Tally()
+    started = time.perf_counter()
+    for seed in range(args.seeds):
+        rng = random.Random(seed)
+        stream = list(half)
+        rng.shuffle(stream)
+        t = simulate(make(seed), stream, vectors, world, rng, args.feedback_rate, args.candidates)
+        for k in ("requests", "para", "para_hit", "trap", "trap_served", "served", "wrong", "explored"):
+            setattr(total, k, getattr(total, k) + getattr(t, k))
+        for src, (n, hit) in t.para_by_source.items():
+            total.para_by_source[src][0] += n
+            total.para_by_source[src][1] += hit
+    return {
+        "half": half_name,
+        "method": name,
+        "requests": total.requests,
+        "para_hit": total.para_hit / max(total.para, 1),
+        "gptcache_hit": _ratio(total.para_by_source.get("gptcache")),
+        "fow_hit": _ratio(total.para_by_source.get("fow")),
+        "traps_served": total.trap_served / max(total.trap, 1),
+        "wrong": total.wrong / max(total.served, 1),
+        "served": total.served / max(total.requests, 1),
+        "explored": total.explored / max(total.requests, 1),
+        "seconds": time.perf_counter() - started,
+    }
+
+
+def _fixed_with_guards(threshold: float, _seed: int) -> Fixed:
+    return Fixed(threshold, use_guards=True)
+
+
+HINDSIGHT_GRID = [round(0.86 + 0.01 * i, 2) for i in range(14)]  # 0.86 .. 0.99
+
+
+def hindsight(
+    half_name: str, half: list[str], vectors: dict[str, np.ndarray], world: World, args: argparse.Namespace
+) -> list[dict[str, object]]:
+    """Not a method, a ceiling: per δ, the lowest fixed threshold (+ guards) whose wrong/served on this
+    very half is <= δ, chosen knowing every label. No similarity rule can hit more at that error."""
+    grid = {
+        t: measure(
+            half_name,
+            half,
+            f"hindsight fixed {t:.2f} + guards",
+            partial(_fixed_with_guards, t),
+            vectors,
+            world,
+            args,
+        )
+        for t in HINDSIGHT_GRID
+    }
+    rows = []
+    for delta in (0.01, 0.02, 0.05):
+        ok = [t for t, r in grid.items() if float(str(r["wrong"])) <= delta]
+        if ok:
+            row = dict(grid[min(ok)])
+            row["method"] = f"ceiling δ={100 * delta:.0f}%: {row['method']}"
+        else:
+            row = {**grid[HINDSIGHT_GRID[-1]], "method": f"ceiling δ={100 * delta:.0f}%: none <= δ"}
+            row.update(para_hit=0.0, gptcache_hit=0.0, fow_hit=0.0, traps_served=0.0, wrong=0.0, served=0.0)
+        rows.append(row)
     return rows
 
 
