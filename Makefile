@@ -40,7 +40,7 @@ bench: setup ## Benchmarks: print comparison tables (not part of the tests)
 lint: setup ## ruff lint + format check, mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy schemas services streams infra policies sim
+	$(VENV)/bin/mypy schemas services streams infra policies sim matching
 
 format: setup ## Apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .

@@ -1,0 +1,150 @@
+"""Whether a cached candidate answers a request: the one decision lookups and semantic invalidation share.
+
+Order: the exact key (or the same normalised text) serves; otherwise the guards (matching/guards.py)
+veto near-miss traps; otherwise the entry's learned threshold (matching/threshold.py) decides serve,
+explore or miss. How the two tolerances combine: `tolerance` on a request and `similarity_tolerance` on
+an entry are both cosine floors, and the stricter (the larger) of the two that are set applies, on top
+of the learned threshold: a candidate is served only at or above max(learned threshold, floor), and
+below the floor it is never explored either. Neither set means the learned threshold alone (a stored
+default of 0.92 should therefore be stored as None, or it will cap the hit rate at the old one).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from matching import guards
+from matching.threshold import EntryThreshold, ThresholdLearner
+
+# Cosine at which two prompts count as the same text for best_candidate's early stop (not for serving).
+NEAR_EXACT = 0.995
+
+
+class Verdict(StrEnum):
+    SERVE = "serve"
+    MISS = "miss"
+    EXPLORE = "explore"  # answer from the model and report whether it agrees with the candidate's
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A cached entry found for a request, from any tier (`tier` 0 is the fastest)."""
+
+    key: str
+    text: str
+    similarity: float
+    tier: int = 0
+    similarity_tolerance: float | None = None
+    state: EntryThreshold | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MatchResult:
+    verdict: Verdict
+    similarity: float
+    threshold: float  # the similarity this candidate needed to be served (inf: only by key)
+    reason: str
+    candidate: Candidate | None = None
+    guard: str | None = None  # the guard that vetoed it, if one did
+    exact: bool = False
+
+    @property
+    def served(self) -> bool:
+        return self.verdict is Verdict.SERVE
+
+    @property
+    def conclusive(self) -> bool:
+        """No other tier can do better: stop walking tiers."""
+        return self.served and (self.exact or self.similarity >= NEAR_EXACT)
+
+
+def _normalised(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def floor(tolerance: float | None, similarity_tolerance: float | None) -> float | None:
+    """The stricter of the request's and the entry's cosine floors, or None when neither is set."""
+    set_ = [t for t in (tolerance, similarity_tolerance) if t is not None]
+    for t in set_:
+        if not 0.0 <= t <= 1.0:
+            raise ValueError(f"tolerance must be in [0, 1], got {t}")
+    return max(set_) if set_ else None
+
+
+@dataclass
+class MatchDecision:
+    """Decides serve / miss / explore for candidates; feed labels back through `feedback`.
+
+    `draw` supplies uniform [0, 1) numbers for exploration (pass `random.Random(seed).random`)."""
+
+    learner: ThresholdLearner
+    draw: Callable[[], float]
+    use_guards: bool = True
+    guard_set: dict[str, guards.Guard] = field(default_factory=lambda: dict(guards.GUARDS))
+
+    def decide(
+        self,
+        request_text: str,
+        candidate: Candidate,
+        *,
+        request_key: str | None = None,
+        tolerance: float | None = None,
+    ) -> MatchResult:
+        s = float(candidate.similarity)
+        if request_key is not None and request_key == candidate.key:
+            return MatchResult(Verdict.SERVE, s, -1.0, "exact key", candidate, exact=True)
+        if _normalised(request_text) == _normalised(candidate.text):
+            return MatchResult(Verdict.SERVE, s, -1.0, "same text", candidate, exact=True)
+        if self.use_guards:
+            hit = guards.check(candidate.text, request_text, self.guard_set)
+            if hit is not None:
+                return MatchResult(Verdict.MISS, s, float("inf"), hit.reason, candidate, guard=hit.guard)
+        low = floor(tolerance, candidate.similarity_tolerance)
+        assessment = self.learner.assess(candidate.state, s, self.draw())
+        threshold = max(assessment.threshold, low) if low is not None else assessment.threshold
+        if low is not None and s < low:
+            return MatchResult(Verdict.MISS, s, threshold, f"similarity {s:.3f} < floor {low:.3f}", candidate)
+        return MatchResult(Verdict(assessment.action), s, threshold, assessment.reason, candidate)
+
+    def best_candidate(
+        self,
+        request_text: str,
+        candidates: Sequence[Candidate],
+        *,
+        request_key: str | None = None,
+        tolerance: float | None = None,
+    ) -> MatchResult:
+        """The best acceptable candidate among several tiers' (a miss when none is).
+
+        Served ones rank by exact match, then similarity, then the faster tier, so an exact or near-exact
+        entry in a slow tier beats a weaker one in a fast tier. Without a served one, the most similar
+        explored candidate is returned (at most one exploration per request), else the closest miss."""
+        results = [
+            self.decide(request_text, c, request_key=request_key, tolerance=tolerance) for c in candidates
+        ]
+        served = [r for r in results if r.served]
+        if served:
+            best = max(served, key=lambda r: (r.exact, r.similarity, -_tier(r)))
+            if not best.exact:
+                self.learner.note_served()
+            return best
+        explored = [r for r in results if r.verdict is Verdict.EXPLORE]
+        if explored:
+            return max(explored, key=lambda r: r.similarity)
+        if results:
+            return max(results, key=lambda r: r.similarity)
+        return MatchResult(Verdict.MISS, 0.0, float("inf"), "no candidate")
+
+    def feedback(self, candidate: Candidate, correct: bool, *, explored: bool = False) -> None:
+        """A label for a served candidate (the user/gateway verdict) or an explored one (`explored`: whether
+        the model's answer agreed). Label only what was served or explored: the bound assumes so."""
+        if candidate.state is None:
+            raise ValueError("feedback needs the candidate's EntryThreshold state")
+        self.learner.observe(candidate.state, candidate.similarity, correct, explored=explored)
+
+
+def _tier(result: MatchResult) -> int:
+    return result.candidate.tier if result.candidate is not None else 0

@@ -1,0 +1,316 @@
+"""Cheap lexical checks that catch near-miss traps: two prompts that embed close but ask different things.
+
+Each guard compares the cached prompt with the request and returns a reason when it fires (None when
+it does not): negation added or removed, numbers/dates/units changed, named entities or quoted strings
+changed or swapped between roles, opposite comparatives or antonyms. They are deliberately
+word-list based and general English (nothing tuned to one data set): a fired guard means "do not trust
+the similarity", not "the answers differ". Order and casing never make a guard fire.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z'\-]*|\d+(?:[.,:/]\d+)*")
+_SENTENCE_END = re.compile(r"[.!?;:]\s+|\n")
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text.replace("\u2019", "'"))]
+
+
+# --- negation -----------------------------------------------------------------------------------------
+
+NEGATORS = frozenset(
+    {"not", "no", "never", "without", "none", "nobody", "nothing", "nowhere", "neither", "nor", "cannot"}
+)
+# Words that negate without a "not": "in the absence of", "avoid", "zero-copy" ~ "without copying".
+IMPLICIT_NEGATORS = frozenset(
+    "absence absent lack lacks lacking avoid avoids avoiding prevent prevents preventing zero unable "
+    "refuse refuses".split()
+)
+_NOT_ONLY = re.compile(r"\bnot\s+only\b", re.IGNORECASE)
+# Prefixes that negate the base word: safe/unsafe, possible/impossible, agree/disagree.
+_PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
+
+
+_ANSWER_PARTICLE = re.compile(r"(^|[.!?]\s+)(no|yes)\s*[,.!]", re.IGNORECASE)
+
+
+def _negations(text: str) -> int:
+    """Negating words, "n't", and "no-"/"non-" compounds; a leading "No," answers, it does not negate,
+    and "neither ... nor" negates once."""
+    words = _words(_NOT_ONLY.sub(" ", _ANSWER_PARTICLE.sub(r"\1", text)))
+    return sum(
+        1
+        for w in words
+        if (w in NEGATORS and w != "nor")
+        or w in IMPLICIT_NEGATORS
+        or w.endswith("n't")
+        or w.startswith(("no-", "non-", "zero-"))
+    )
+
+
+def negation(cached: str, request: str) -> str | None:
+    """A negation added or removed (explicit or implicit), or a word swapped for its negated form."""
+    a, b = _words(cached), _words(request)
+    na, nb = _negations(cached), _negations(request)
+    if na != nb:
+        return f"negation {'added' if nb > na else 'removed'}"
+    sa, sb = set(a), set(b)
+    for only, other in ((sa - sb, sb - sa), (sb - sa, sa - sb)):
+        for word in only:
+            if "-" in word:
+                continue  # "non-streaming" was counted as a negation above
+            for prefix in _PREFIXES:
+                base = word[len(prefix) :].lstrip("-")
+                if word.startswith(prefix) and len(base) >= 4 and base in other:
+                    return f"negated form: {base!r} vs {word!r}"
+    return None
+
+
+# --- numbers, dates, units ----------------------------------------------------------------------------
+
+_NUMBER_WORDS = {
+    "two": "2", "three": "3", "four": "4", "five": "5", "six": "6", "seven": "7", "eight": "8",
+    "nine": "9", "ten": "10", "eleven": "11", "twelve": "12", "thirteen": "13", "fourteen": "14",
+    "fifteen": "15", "sixteen": "16", "seventeen": "17", "eighteen": "18", "nineteen": "19",
+    "twenty": "20", "thirty": "30", "forty": "40", "fifty": "50", "hundred": "100", "thousand": "1000",
+    "million": "1000000", "billion": "1000000000",
+    "first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th", "fifth": "5th",
+}  # fmt: skip
+UNITS = {
+    "mm": "mm", "cm": "cm", "m": "m", "km": "km", "mile": "mile", "miles": "mile", "inch": "inch",
+    "inches": "inch", "ft": "ft", "foot": "ft", "feet": "ft", "g": "g", "kg": "kg", "lb": "lb",
+    "lbs": "lb", "oz": "oz", "ml": "ml", "l": "l", "litre": "l", "litres": "l", "liter": "l",
+    "liters": "l", "gallon": "gallon", "gallons": "gallon", "mg": "mg", "mph": "mph", "kmh": "kmh",
+    "gb": "gb", "mb": "mb", "tb": "tb", "kb": "kb", "ghz": "ghz", "mhz": "mhz", "w": "w", "kw": "kw",
+    "kwh": "kwh", "v": "v", "c": "c", "f": "f", "percent": "%", "%": "%", "pct": "%",
+    "second": "s", "seconds": "s", "sec": "s", "secs": "s", "minute": "min", "minutes": "min",
+    "min": "min", "mins": "min", "hour": "h", "hours": "h", "hr": "h", "hrs": "h", "h": "h",
+    "day": "day", "days": "day", "week": "week", "weeks": "week", "month": "month", "months": "month",
+    "year": "year", "years": "year", "yr": "year", "yrs": "year", "am": "am", "pm": "pm",
+    "£": "gbp", "$": "usd", "€": "eur", "¥": "jpy", "pound": "gbp", "pounds": "gbp", "dollar": "usd",
+    "dollars": "usd", "euro": "eur", "euros": "eur", "p": "p", "pence": "p", "cents": "cent",
+}  # fmt: skip
+MONTHS = {
+    m[:3]: i + 1
+    for i, m in enumerate(
+        "january february march april may june july august september october november december".split()
+    )
+}
+WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
+_QUANTITY = re.compile(
+    r"([£$€¥])?\s?(\d+(?:[.,:/]\d+)*)(?:\s?(st|nd|rd|th))?[\s\-]?(%|[a-z]+)?", re.IGNORECASE
+)
+
+
+_LIST_MARKER = re.compile(r"(^|\s)\(?\d{1,2}[).]\s")
+
+
+def _quantities(text: str) -> tuple[Counter[str], Counter[str]]:
+    """Numbers normalised with their currency or unit, named days and months; (from digits, from words).
+
+    List markers ("1) ... 2) ...") are layout, not quantities."""
+    found: Counter[str] = Counter()
+    spelled: Counter[str] = Counter()
+    low = _LIST_MARKER.sub(" ", text.lower().replace("\u2019", "'").replace("-", " "))
+    for m in _QUANTITY.finditer(low):
+        currency, number, ordinal, unit = m.groups()
+        number = number.replace(",", "") if re.fullmatch(r"\d{1,3}(,\d{3})+", number) else number
+        tag = UNITS.get(currency or "") or UNITS.get(unit or "", "")
+        found[f"{number}{ordinal or ''}{tag}"] += 1
+    words = _words(low)
+    for i, w in enumerate(words):
+        if w in _NUMBER_WORDS:
+            nxt = words[i + 1] if i + 1 < len(words) else ""
+            spelled[f"{_NUMBER_WORDS[w]}{UNITS.get(nxt, '')}"] += 1
+        elif w == "one" and (i + 1 < len(words) and words[i + 1] in UNITS):
+            spelled[f"1{UNITS[words[i + 1]]}"] += 1  # "one" alone is mostly a pronoun
+        elif w in WEEKDAYS:
+            found[w] += 1
+        elif len(w) >= 3 and w[:3] in MONTHS and w in _MONTH_NAMES:
+            found[f"month{MONTHS[w[:3]]}"] += 1
+    return found, spelled
+
+
+_MONTH_NAMES = frozenset(
+    "january february march april june july august september october november december "
+    "jan feb mar apr jun jul aug sep sept oct nov dec".split()
+)  # "may" is left out: it is mostly the verb
+
+
+def numbers(cached: str, request: str) -> str | None:
+    """Numbers, amounts, dates or units that differ (compared as multisets: order does not matter).
+
+    A quantity on one side only fires when it is written in digits or is a day/month: spelled numbers
+    and ordinals ("two steps", "first") are too often just style when nothing replaces them."""
+    (da, wa), (db, wb) = _quantities(cached), _quantities(request)
+    a, b = da + wa, db + wb
+    if a == b:
+        return None
+    only_a, only_b = sorted((a - b).elements()), sorted((b - a).elements())
+    if (only_a and only_b) or (da - db) or (db - da):
+        return f"numbers changed: {only_a} vs {only_b}"
+    return None
+
+
+# --- named entities and quoted strings ----------------------------------------------------------------
+
+_QUOTED = re.compile(r"(?<![\w])[\"'\u201c\u2018]([^\"'\u201d\u2019]{1,80})[\"'\u201d\u2019](?![\w])")
+_NOT_ENTITIES = (
+    frozenset("i i'm i've i'd i'll ok okay hi hello hey please thanks yes mr mrs ms dr".split()) | NEGATORS
+)
+
+
+def _entities(text: str) -> list[str]:
+    """Capitalised words that are not sentence openers, acronyms, and quoted strings (lower-cased)."""
+    text = text.replace("\u2019", "'")
+    found: list[str] = [q.strip().lower() for q in _QUOTED.findall(text)]
+    for sentence in _SENTENCE_END.split(text):
+        tokens = sentence.split()
+        for i, token in enumerate(tokens):
+            word = token.strip("\"'()[],.!?;:")
+            if not word or not word[0].isupper():
+                continue
+            # The first word of a sentence is capitalised anyway; keep it only if it is an acronym.
+            if i == 0 and not (len(word) > 1 and word.isupper()):
+                continue
+            if word.lower() in _NOT_ENTITIES or word.lower() in WEEKDAYS or word.lower() in _MONTH_NAMES:
+                continue
+            found.append(word.lower())
+    return found
+
+
+def _initials(text: str) -> str:
+    """First letters of the words and of their camel-case parts: "JavaScript machine learning" -> "jsml"."""
+    parts = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", text)
+    return "".join(p[0] for p in parts).lower()
+
+
+def _mentions(text: str, entity: str) -> bool:
+    """Whether `text` names `entity` in any casing or spacing ("Hugging Face" ~ "huggingface"), as a word
+    prefix ("INSTALLATIO" ~ "installation"), or spells out an acronym ("ML" ~ "machine learning")."""
+    key = re.sub(r"[^a-z0-9]", "", entity)
+    if not key:
+        return True
+    squashed = re.sub(r"[^a-z0-9]", "", text.lower())
+    if len(key) >= 3 and key in squashed:
+        return True
+    if re.search(rf"\b{re.escape(key)}", text.lower()) or re.search(rf"\b{re.escape(entity)}", text.lower()):
+        return True
+    return entity.isalpha() and len(entity) <= 5 and key in _initials(text)
+
+
+_ROLE_WORDS = ("from", "to", "into", "than", "vs", "versus", "over")
+_STOP = frozenset(
+    "a an the my your our their his her its this that these those of in on at for and or me us".split()
+)
+
+
+def _roles(text: str) -> dict[str, frozenset[str]]:
+    """What follows each directional word ("from X to Y"), as sets of content words."""
+    words = _words(text)
+    roles: dict[str, frozenset[str]] = {}
+    for i, w in enumerate(words):
+        if w not in _ROLE_WORDS or w in roles:
+            continue
+        phrase: list[str] = []
+        for nxt in words[i + 1 : i + 5]:
+            if nxt in _ROLE_WORDS or nxt in NEGATORS:
+                break
+            if nxt not in _STOP:
+                phrase.append(nxt)
+        if phrase:
+            roles[w] = frozenset(phrase)
+    return roles
+
+
+def entities(cached: str, request: str) -> str | None:
+    """A named entity or quoted string replaced by another, or two phrases swapped between roles."""
+    only_a = sorted({e for e in _entities(cached) if not _mentions(request, e)})
+    only_b = sorted({e for e in _entities(request) if not _mentions(cached, e)})
+    if only_a and only_b:
+        return f"entity changed: {only_a} vs {only_b}"
+    ra, rb = _roles(cached), _roles(request)
+    for x in ra:
+        for y in ra:
+            if x < y and x in rb and y in rb and ra[x] == rb[y] and ra[y] == rb[x] and ra[x] != ra[y]:
+                return f"swapped: {x} {sorted(ra[x])} / {y} {sorted(ra[y])}"
+    return None
+
+
+# --- opposite comparatives and antonyms ---------------------------------------------------------------
+
+OPPOSITES: tuple[tuple[str, str], ...] = (
+    ("more", "less"), ("more", "fewer"), ("most", "least"), ("higher", "lower"), ("highest", "lowest"),
+    ("high", "low"), ("bigger", "smaller"), ("biggest", "smallest"), ("larger", "smaller"),
+    ("largest", "smallest"), ("big", "small"), ("large", "small"), ("longer", "shorter"),
+    ("longest", "shortest"), ("long", "short"), ("faster", "slower"), ("fastest", "slowest"),
+    ("fast", "slow"), ("cheaper", "dearer"), ("cheapest", "dearest"), ("cheap", "expensive"),
+    ("better", "worse"), ("best", "worst"), ("good", "bad"), ("older", "newer"), ("oldest", "newest"),
+    ("old", "new"), ("before", "after"), ("earlier", "later"), ("earliest", "latest"), ("early", "late"),
+    ("first", "last"), ("above", "below"), ("over", "under"), ("max", "min"), ("maximum", "minimum"),
+    ("increase", "decrease"), ("increase", "reduce"), ("raise", "lower"), ("rise", "fall"),
+    ("gain", "lose"), ("add", "remove"), ("include", "exclude"), ("included", "excluded"),
+    ("open", "closed"), ("open", "close"), ("start", "stop"), ("start", "end"), ("begin", "end"),
+    ("enable", "disable"), ("allow", "forbid"), ("allowed", "forbidden"), ("allowed", "banned"),
+    ("accept", "reject"), ("buy", "sell"), ("import", "export"), ("upload", "download"),
+    ("inbound", "outbound"), ("arrive", "depart"), ("arrival", "departure"), ("push", "pull"),
+    ("input", "output"), ("send", "receive"), ("win", "lose"), ("pass", "fail"), ("true", "false"),
+    ("hot", "cold"), ("warm", "cold"), ("safe", "dangerous"), ("legal", "illegal"), ("maximise", "minimise"),
+    ("maximize", "minimize"), ("ascending", "descending"), ("north", "south"), ("east", "west"),
+    ("left", "right"), ("up", "down"), ("on", "off"), ("in", "out"), ("inside", "outside"),
+    ("same", "different"),
+    ("pros", "cons"), ("advantages", "disadvantages"),
+    ("benefits", "risks"), ("strengths", "weaknesses"), ("plus", "minus"), ("positive", "negative"),
+    ("lend", "borrow"), ("give", "take"), ("credit", "debit"), ("deposit", "withdraw"), ("join", "leave"),
+)  # fmt: skip
+_OPPOSITE: dict[str, set[str]] = {}
+for _x, _y in OPPOSITES:
+    _OPPOSITE.setdefault(_x, set()).add(_y)
+    _OPPOSITE.setdefault(_y, set()).add(_x)
+# Prepositions/particles that are too common to compare without context; only their comparative sense
+# ("in" vs "out" of a list) would matter, and paraphrases swap them freely.
+_WEAK = frozenset({"in", "out", "on", "off", "up", "down", "over", "under", "left", "right"})
+
+
+def opposites(cached: str, request: str) -> str | None:
+    """A word in one prompt whose opposite is in the other and not in the first (more/less, before/after)."""
+    sa, sb = set(_words(cached)), set(_words(request))
+    for word in sorted(sa - sb):
+        if word in _WEAK:
+            continue
+        for opposite in sorted(_OPPOSITE.get(word, ())):
+            if opposite in sb and opposite not in sa and opposite not in _WEAK:
+                return f"opposite: {word!r} vs {opposite!r}"
+    return None
+
+
+# --- all of them --------------------------------------------------------------------------------------
+
+Guard = Callable[[str, str], "str | None"]
+GUARDS: dict[str, Guard] = {
+    "negation": negation,
+    "numbers": numbers,
+    "entities": entities,
+    "opposites": opposites,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GuardHit:
+    guard: str
+    reason: str
+
+
+def check(cached: str, request: str, guards: dict[str, Guard] = GUARDS) -> GuardHit | None:
+    """The first guard that fires on this pair, or None when all pass (the pair may still differ)."""
+    for name, guard in guards.items():
+        reason = guard(cached, request)
+        if reason is not None:
+            return GuardHit(name, reason)
+    return None

@@ -1,0 +1,228 @@
+"""A similarity threshold learned from feedback, bounding by δ the error rate of what is served.
+
+Reference: "vCache: Verified Semantic Prompt Caching" (2025) for the shape (a per-entry threshold,
+learned online from labels, under a user-set δ; exploration when unsure); the pooled part bounds the
+served error directly, as in distribution-free risk control ("Learn then Test", Angelopoulos et al.
+2021), instead of through a fitted P(correct | similarity) curve.
+
+Pooled: serve at or above the lowest grid similarity t where a one-sided Wilson upper bound (z_conf,
+95% by default) on the error rate among labelled candidates with similarity >= t is at most δ; that
+rate is what serving from t yields. Labels are weighted by the inverse of the chance they were taken
+(Horvitz-Thompson): explorations by 1/explore_rate, ratings of served answers by served/rated, so that
+a band sampled rarely counts as much as it occurs; the bound uses the effective sample size.
+Per entry, on top: a candidate of an entry is never served at or below a similarity where that entry's
+own labels say it was wrong; entries without labels use the pooled threshold alone.
+Exploration: every candidate from `explore_floor` up to its serving threshold is explored with
+probability `explore_rate` (from the first request: below the threshold the model is asked anyway, so
+an exploration costs only comparing the answers). Until the pool holds `min_labels` labels it is
+cold and serves only at `cold_threshold`; once warm and no t is certified, nothing is served by
+similarity alone.
+
+Parameters (defaults): δ 0.02 (vCache's default), z_conf 1.645 (one-sided 95%), explore_rate 0.3,
+explore_floor 0.7, cold_threshold 0.97, min_labels 20, grid step 0.005, 32 labels kept per entry,
+4,096 in the pool. Pure: the caller passes the random draw and persists `to_dict()`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+
+def wilson_upper(rate: np.ndarray, n: np.ndarray, z: float) -> np.ndarray:
+    """One-sided Wilson upper bounds on rates observed over `n` (effective) samples; 1 where n = 0."""
+    rate, n = np.clip(np.asarray(rate, dtype=np.float64), 0.0, 1.0), np.asarray(n, dtype=np.float64)
+    safe = np.where(n > 0, n, 1.0)
+    z2 = z * z
+    centre = rate + z2 / (2 * safe)
+    spread = z * np.sqrt(rate * (1 - rate) / safe + z2 / (4 * safe * safe))
+    return np.where(n > 0, np.minimum(1.0, (centre + spread) / (1 + z2 / safe)), 1.0)
+
+
+@dataclass(slots=True)
+class EntryThreshold:
+    """One cached entry's own feedback (persist `to_dict()` with the entry)."""
+
+    sims: list[float] = field(default_factory=list)
+    labels: list[bool] = field(default_factory=list)
+
+    @property
+    def labelled(self) -> int:
+        return len(self.sims)
+
+    def strictest_wrong(self) -> float | None:
+        """The highest similarity at which this entry was a wrong answer, or None."""
+        wrong = [s for s, c in zip(self.sims, self.labels, strict=True) if not c]
+        return max(wrong) if wrong else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sims": [round(s, 6) for s in self.sims], "labels": [int(c) for c in self.labels]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EntryThreshold:
+        sims, labels = list(map(float, data.get("sims", []))), [bool(c) for c in data.get("labels", [])]
+        if len(sims) != len(labels):
+            raise ValueError("sims and labels differ in length")
+        return cls(sims, labels)
+
+
+Action = Literal["serve", "explore", "miss"]
+
+
+@dataclass(frozen=True, slots=True)
+class Assessment:
+    """What the threshold says about one candidate at similarity `similarity`."""
+
+    action: Action
+    similarity: float
+    threshold: float  # serve at or above this similarity (inf: never by similarity alone)
+    explore_from: float  # explore (with probability) at or above this, below `threshold`
+    error_bound: float | None  # pooled upper bound on the error served from `threshold`; None if none
+    cold: bool
+    reason: str
+
+
+@dataclass
+class ThresholdLearner:
+    """The pooled bound plus the per-entry rule; one per model (or namespace) with its own δ."""
+
+    delta: float = 0.02
+    z_conf: float = 1.645
+    explore_rate: float = 0.3
+    cold_threshold: float = 0.97
+    explore_floor: float = 0.7
+    min_labels: int = 20
+    grid_step: float = 0.005
+    max_entry_labels: int = 32
+    max_pool_labels: int = 4096
+    pool_sims: list[float] = field(default_factory=list)
+    pool_labels: list[bool] = field(default_factory=list)
+    pool_explored: list[bool] = field(default_factory=list)
+    served: int = 0  # answers served by similarity (not by key), the denominator of the rating rate
+    rated: int = 0  # of those, how many were rated
+    _fit: tuple[float, float | None] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.delta < 0.5:
+            raise ValueError(f"delta must be in (0, 0.5), got {self.delta}")
+        if not 0.0 < self.explore_rate <= 1.0:
+            raise ValueError(f"explore_rate must be in (0, 1], got {self.explore_rate}")
+
+    # -- feedback ---------------------------------------------------------------------------------------
+
+    def note_served(self) -> None:
+        """An answer was served by similarity: counts towards the rate at which served answers are rated."""
+        self.served += 1
+
+    def observe(
+        self, entry: EntryThreshold, similarity: float, correct: bool, explored: bool = False
+    ) -> None:
+        """A label for a candidate at `similarity` of `entry`: a rating of a served answer, or (`explored`)
+        whether the model's answer agreed with the candidate's."""
+        entry.sims.append(float(similarity))
+        entry.labels.append(bool(correct))
+        del entry.sims[: -self.max_entry_labels], entry.labels[: -self.max_entry_labels]
+        self.pool_sims.append(float(similarity))
+        self.pool_labels.append(bool(correct))
+        self.pool_explored.append(bool(explored))
+        n = self.max_pool_labels
+        del self.pool_sims[:-n], self.pool_labels[:-n], self.pool_explored[:-n]
+        if not explored:
+            self.rated += 1
+            self.served = max(self.served, self.rated)  # ratings of answers served before a restore
+        self._fit = None
+
+    @property
+    def cold(self) -> bool:
+        return len(self.pool_sims) < self.min_labels
+
+    def bound_curve(self) -> tuple[np.ndarray, np.ndarray]:
+        """(grid t ascending, upper bound on the error rate of labelled candidates with similarity >= t)."""
+        grid = np.arange(self.explore_floor, 1.0, self.grid_step)
+        if not self.pool_sims:
+            return grid, np.ones_like(grid)
+        sims = np.asarray(self.pool_sims)
+        wrong = ~np.asarray(self.pool_labels)
+        explored = np.asarray(self.pool_explored)
+        # Rated answers are a served/rated sample, explorations a 1/explore_rate one.
+        w = np.where(explored, 1.0 / self.explore_rate, self.served / max(self.rated, 1))
+        order = np.argsort(sims)
+        sims, wrong, w = sims[order], wrong[order], w[order]
+        # Suffix sums: labels with similarity >= t start at searchsorted(sims, t).
+        suffix = lambda x: np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])  # noqa: E731
+        total, errors, squares = suffix(w), suffix(w * wrong), suffix(w * w)
+        at = np.searchsorted(sims, grid, side="left")
+        n_eff = np.divide(total[at] ** 2, squares[at], out=np.zeros(len(grid)), where=squares[at] > 0)
+        rate = np.divide(errors[at], total[at], out=np.zeros(len(grid)), where=total[at] > 0)
+        return grid, wilson_upper(rate, n_eff, self.z_conf)
+
+    def pooled_threshold(self) -> tuple[float, float | None]:
+        """(serve from, its error bound) for an entry without labels; (inf, None) if no t clears δ."""
+        if self._fit is None:
+            if self.cold:
+                self._fit = (self.cold_threshold, None)
+            else:
+                grid, bounds = self.bound_curve()
+                ok = np.flatnonzero(bounds <= self.delta)
+                self._fit = (float(grid[ok[0]]), float(bounds[ok[0]])) if len(ok) else (math.inf, None)
+        return self._fit
+
+    # -- decision ---------------------------------------------------------------------------------------
+
+    def thresholds(self, entry: EntryThreshold | None) -> tuple[float, float]:
+        """(serve from, explore from) similarities for this entry under δ."""
+        serve, _ = self.pooled_threshold()
+        wrong_at = entry.strictest_wrong() if entry is not None else None
+        if wrong_at is not None:
+            # This entry answered wrongly at `wrong_at`: whatever the pool says, not there or below.
+            serve = max(serve, math.nextafter(wrong_at, math.inf))
+        return serve, min(self.explore_floor, serve)
+
+    def assess(self, entry: EntryThreshold | None, similarity: float, draw: float) -> Assessment:
+        """Serve, explore or miss a candidate; `draw` is a uniform [0, 1) number from the caller's RNG."""
+        serve_from, explore_from = self.thresholds(entry)
+        cold = self.cold
+        _, bound = self.pooled_threshold()
+        if cold:
+            tag = "cold"
+        elif bound is None:
+            tag = f"no similarity certified at δ {self.delta}"
+        else:
+            tag = f"error bound {bound:.3f} <= δ {self.delta}"
+        if similarity >= serve_from:
+            action: Action = "serve"
+            reason = f"similarity {similarity:.3f} >= threshold {serve_from:.3f} ({tag})"
+        elif similarity >= explore_from and draw < self.explore_rate:
+            action = "explore"
+            reason = f"uncertain: {similarity:.3f} in [{explore_from:.3f}, {serve_from:.3f}) ({tag})"
+        else:
+            action = "miss"
+            reason = f"similarity {similarity:.3f} < threshold {serve_from:.3f} ({tag})"
+        return Assessment(action, similarity, serve_from, explore_from, bound, cold, reason)
+
+    # -- persistence ------------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "delta": self.delta,
+            "pool_sims": [round(s, 6) for s in self.pool_sims],
+            "pool_labels": [int(c) for c in self.pool_labels],
+            "pool_explored": [int(e) for e in self.pool_explored],
+            "served": self.served,
+            "rated": self.rated,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], **options: Any) -> ThresholdLearner:
+        learner = cls(delta=float(data["delta"]), **options)
+        learner.pool_sims = list(map(float, data.get("pool_sims", [])))
+        learner.pool_labels = [bool(c) for c in data.get("pool_labels", [])]
+        learner.pool_explored = [bool(e) for e in data.get("pool_explored", [False] * len(learner.pool_sims))]
+        if not len(learner.pool_sims) == len(learner.pool_labels) == len(learner.pool_explored):
+            raise ValueError("pool lists differ in length")
+        learner.rated = int(data.get("rated", sum(not e for e in learner.pool_explored)))
+        learner.served = max(int(data.get("served", learner.rated)), learner.rated)
+        return learner

@@ -1,0 +1,92 @@
+import pytest
+
+from matching import guards
+from matching.decision import Candidate, MatchDecision, Verdict, floor
+from matching.threshold import ThresholdLearner
+
+
+@pytest.mark.parametrize(
+    ("guard", "a", "b"),
+    [
+        ("negation", "How do I reset my password?", "How do I not reset my password?"),
+        ("negation", "Cancel my subscription", "Don't cancel my subscription"),
+        ("negation", "Can I travel with a passport?", "Can I travel without a passport?"),
+        ("negation", "Is the drug safe in pregnancy?", "Is the drug unsafe in pregnancy?"),
+        ("numbers", "How long to roast a 1kg chicken?", "How long to roast a 2kg chicken?"),
+        ("numbers", "Flights on 3 May", "Flights on 5 May"),
+        ("numbers", "Is it 5 km away?", "Is it 5 miles away?"),
+        ("numbers", "Open on Monday?", "Open on Tuesday?"),
+        ("entities", "Is the Soho branch open?", "Is the Shoreditch branch open?"),
+        ("entities", "Flights from London to Paris", "Flights from Paris to London"),
+        (
+            "entities",
+            "Transfer £50 from savings to my current account",
+            "Transfer £50 from my current account to savings",
+        ),
+        ("entities", 'What does "foo" return?', 'What does "bar" return?'),
+        ("opposites", "Which plan costs more?", "Which plan costs less?"),
+        ("opposites", "Should I eat before the test?", "Should I eat after the test?"),
+        ("opposites", "What is the maximum dose?", "What is the minimum dose?"),
+        ("opposites", "Is the rate higher in winter?", "Is the rate lower in winter?"),
+    ],
+)
+def test_guard_fires_with_a_reason(guard: str, a: str, b: str) -> None:
+    reason = guards.GUARDS[guard](a, b)
+    assert reason
+    hit = guards.check(b, a)
+    assert hit is not None and hit.reason
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("How do I reset my password?", "What's the way to reset my password?"),
+        ("Flights from London to Paris on 3 May", "on 3 may, flights from london to paris"),
+        ("Buy 2 apples and 3 pears", "Buy 3 pears and 2 apples"),
+        ("Is Python or Rust faster?", "Is Rust or Python faster?"),
+        ("How do I use Hugging Face Hub?", "How do I use the huggingface hub?"),
+        ("No, it doesn't exist in version 2.10.0.", "Version 2.10.0 does not have it."),
+        ("Tasks cover ML projects.", "Tasks cover machine learning projects."),
+        ("It takes three days.", "It takes 3 days."),
+        ("The method works in two steps.", "The method is a process of several steps."),
+        (
+            "Users can preview a dataset without downloading it.",
+            "You can see a dataset without downloading it.",
+        ),
+    ],
+)
+def test_paraphrase_controls_do_not_fire(a: str, b: str) -> None:
+    assert guards.check(a, b) is None, guards.check(a, b)
+
+
+def _decision() -> MatchDecision:
+    return MatchDecision(ThresholdLearner(cold_threshold=0.97), lambda: 0.99)
+
+
+def test_exact_key_serves_and_guards_veto() -> None:
+    d = _decision()
+    c = Candidate("k", "How do I reset my password?", 0.928)
+    assert d.decide("anything", c, request_key="k").served
+    vetoed = d.decide("How do I not reset my password?", c)
+    assert vetoed.verdict is Verdict.MISS and vetoed.guard == "negation"
+
+
+def test_tolerances_combine_as_the_stricter_floor() -> None:
+    assert floor(None, None) is None
+    assert floor(0.9, None) == 0.9
+    assert floor(0.8, 0.95) == 0.95
+    d = _decision()
+    c = Candidate("k", "reset password", 0.98, similarity_tolerance=0.99)
+    result = d.decide("password reset", c)
+    assert result.verdict is Verdict.MISS and result.threshold == 0.99
+    assert d.decide("password reset", Candidate("k", "reset password", 0.98)).served
+
+
+def test_best_candidate_prefers_a_near_exact_match_in_a_slower_tier() -> None:
+    d = _decision()
+    fast = Candidate("a", "How can I reset my password?", 0.975, tier=0)
+    slow = Candidate("b", "How do I reset my password ?", 0.999, tier=2)
+    best = d.best_candidate("How do I reset my password?", [fast, slow])
+    assert best.served and best.candidate is slow and best.conclusive
+    trap = Candidate("c", "How do I not reset my password?", 0.99, tier=0)
+    assert d.best_candidate("How do I reset my password?", [trap]).verdict is Verdict.MISS
