@@ -47,8 +47,9 @@ class LongContext:
     arrival_mean_s: float = 4.0  # Poisson conversation starts
     output_tokens: int = 256
     tpot_ms: float = 6.0  # decode time per output token (8B on an H100, light load)
-    think_mean_s: float = 20.0  # exponential user think time after the answer ...
-    think_min_s: float = 3.0  # ... but never less than this
+    think_mean_s: float = 20.0  # user think time after the answer: gamma with this mean ...
+    think_min_s: float = 3.0  # ... never less than this ...
+    think_cv: float = 1.0  # ... and this coefficient of variation (1: exponential, memoryless)
     seed: int = 0
 
 
@@ -65,9 +66,9 @@ def long_context(w: LongContext, block_tokens: int = 512) -> list[Request]:
             n = (t + 1) * per_turn
             blocks = tuple(c * 10_000 + j for j in range(n))
             out.append(Request(round(at), blocks, n * block_tokens, f"conv-{c}", t))
-            at += w.output_tokens * w.tpot_ms + max(
-                w.think_min_s * 1000, rng.exponential(w.think_mean_s * 1000)
-            )
+            shape = 1.0 / (w.think_cv * w.think_cv)
+            think = rng.gamma(shape, w.think_mean_s * 1000 / shape)
+            at += w.output_tokens * w.tpot_ms + max(w.think_min_s * 1000, think)
     return sorted(out, key=lambda r: r.at_ms)
 
 

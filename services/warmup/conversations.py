@@ -4,10 +4,13 @@ back just before it (not at the end of the last turn, when they are still reside
 again before they are read).
 
 The next turn is expected after the conversation's own mean idle gap between turns (an exponential
-average), or, before it has one, after the `prior_quantile` of every conversation's gaps; a warmup is
-due at `lead_fraction` of that gap minus the time the blocks take to load. Blocks dropped again after a
-warmup re-arm it. Without any removal events (an engine that does not report them) every block of the
-conversation is warmed once per turn.
+average), or, before it has one, after the median of every conversation's gaps. A warmup is due once
+the early part of that gap has passed: the gap times the ratio of the lower quartile to the median of
+all observed gaps (regular pauses: close to 1, the load lands just before the turn; memoryless ones:
+early, since any moment is as likely), `lead_fraction` until 20 gaps are known, minus the time the
+blocks take to load. A conversation is warmed at most once per turn (a warmup that evicts other
+conversations' blocks must not set off theirs in turn). Without any removal events (an engine that
+does not report them) every block of the conversation is warmed.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class Conversations:
         self._by_trace: OrderedDict[str, _Conversation] = OrderedDict()
         self._owner: OrderedDict[str, str] = OrderedDict()  # block -> trace id
         self._gaps: deque[float] = deque(maxlen=512)
-        self._prior_ms: float | None = None  # the prior quantile of `_gaps`, recomputed when stale
+        self._prior: tuple[float, float] | None = None  # (median, lower quartile / median) of `_gaps`
         # Conversations that may have something to warm; `due` looks at these only.
         self._pending: dict[str, None] = {}
         self.removals_seen = False
@@ -70,7 +73,7 @@ class Conversations:
         elif now_ms - conv.last_ms >= self.turn_idle_ms:
             gap = float(now_ms - conv.last_ms)  # a new turn: learn how long the pause was
             self._gaps.append(gap)
-            self._prior_ms = None
+            self._prior = None
             conv.gap_ms = (
                 gap if conv.gap_ms is None else (1 - self.gap_alpha) * conv.gap_ms + self.gap_alpha * gap
             )
@@ -112,26 +115,34 @@ class Conversations:
         self._by_trace.pop(trace_id, None)
         self._pending.pop(trace_id, None)
 
+    def _gap_prior(self) -> tuple[float, float]:
+        """(median gap, early fraction) from every conversation's gaps."""
+        if self._prior is None:
+            if len(self._gaps) < 20:
+                median = sorted(self._gaps)[len(self._gaps) // 2] if self._gaps else float(self.turn_idle_ms)
+                self._prior = (median, self.lead_fraction)
+            else:
+                ordered = sorted(self._gaps)
+                median = ordered[len(ordered) // 2]
+                quartile = ordered[int(self.prior_quantile * (len(ordered) - 1))]
+                self._prior = (median, quartile / median if median > 0 else self.lead_fraction)
+        return self._prior
+
     def expected_gap_ms(self, trace_id: str) -> float:
         conv = self._by_trace.get(trace_id)
         if conv is not None and conv.gap_ms is not None:
             return conv.gap_ms
-        if self._gaps:
-            if self._prior_ms is None:
-                ordered = sorted(self._gaps)
-                self._prior_ms = ordered[int(self.prior_quantile * (len(ordered) - 1))]
-            return self._prior_ms
-        return float(self.turn_idle_ms)
+        return self._gap_prior()[0]
 
     def due(self, now_ms: int, load_ms_per_block: float) -> list[Due]:
         """Conversations whose next turn is near enough that their missing blocks should load now."""
         out: list[Due] = []
         for trace_id in list(self._pending):
             conv = self._by_trace.get(trace_id)
-            if self.removals_seen:
-                wanted = list(conv.dropped) if conv is not None else []
+            if conv is None or conv.warmed_this_turn:
+                wanted = []
             else:
-                wanted = [] if conv is None or conv.warmed_this_turn else list(conv.blocks)
+                wanted = list(conv.dropped) if self.removals_seen else list(conv.blocks)
             if conv is None or not wanted:
                 del self._pending[trace_id]
                 continue
@@ -139,7 +150,7 @@ class Conversations:
             if idle < self.turn_idle_ms:
                 continue
             gap = self.expected_gap_ms(trace_id)
-            start = conv.last_ms + self.lead_fraction * gap - len(wanted) * load_ms_per_block
+            start = conv.last_ms + self._gap_prior()[1] * gap - len(wanted) * load_ms_per_block
             if now_ms < start:
                 continue
             why = (
@@ -154,6 +165,7 @@ class Conversations:
         conv = self._by_trace.get(trace_id)
         if conv is None:
             return
-        conv.warmed_this_turn = True
         for block in blocks:
             conv.dropped.pop(block, None)
+        # Once per turn; blocks the budget could not take yet keep it armed.
+        conv.warmed_this_turn = not conv.dropped or not self.removals_seen
