@@ -22,7 +22,7 @@ import csv
 import json
 import os
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -216,14 +216,24 @@ def main() -> None:
     parser.add_argument("--mooncake-limit", type=int, default=None, help="first N requests only")
     parser.add_argument("--conversations", type=int, default=LongContext().conversations)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--regular-think-cv", type=float, default=0.1, help="think-time CV of the regular workload"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     args = parser.parse_args()
     limit_threads()
     console = Console(width=200)
     config = EngineConfig()
     scenario = LongContext(conversations=args.conversations, seed=args.seed)
+    regular = replace(scenario, think_cv=args.regular_think_cv)
     workloads = {
         "long-context": (long_context(scenario, config.block_tokens), VARIANTS),
+        # The same conversations with regular pauses (agents, scripted clients): a turn's time can be
+        # predicted, where the memoryless default leaves nothing to predict beyond the minimum pause.
+        f"long-context, think cv {args.regular_think_cv:g}": (
+            long_context(regular, config.block_tokens),
+            VARIANTS,
+        ),
         "mooncake": (mooncake(args.mooncake, args.mooncake_limit, False), VARIANTS),
     }
     inferred = mooncake(args.mooncake, args.mooncake_limit, True)
