@@ -309,7 +309,7 @@ class Engine:
             tier = where[i] if i < reused else ""
             hit = tier == "gpu"
             latency = 0.0 if hit else c.load_ms(tier) if tier else computed_ms
-            if hit and b in self._prefetched:
+            if tier in ("gpu", "l2") and b in self._prefetched:  # read where warmup put it
                 self._prefetched.discard(b)
                 self.run.prefetch.read += 1
             if tier in ("l2", "l3"):
@@ -394,6 +394,10 @@ class Engine:
     def _spill(self, block: int) -> None:
         for old in self.l2.put(block):
             self.l3.put(old)
+            # Warmed up to L2 and pushed back down before a request read it (a copy on the GPU still counts).
+            if old in self._prefetched and (self.policy is None or old not in self.policy):
+                self._prefetched.discard(old)
+                self.run.prefetch.evicted_unread += 1
             if self.planner is not None:  # as an offloading engine reports it (vLLM's medium="cpu")
                 self._tell(
                     [
