@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import faust
+from aiokafka.admin import AIOKafkaAdminClient
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP, EventT, StreamT
 from prometheus_client import CollectorRegistry
@@ -50,6 +51,7 @@ from schemas.wire import (
 )
 from services.runtime import tracing
 from streams import faust_adapter, metrics
+from streams.handoff_gaps import read_handoff
 from streams.ingest import Ingest, IngestCounters
 from streams.merge import Merge
 from streams.records import Partial, TableWrite, decode_handoff
@@ -118,6 +120,9 @@ class StreamsApp:
         self._pending: dict[int, deque[tuple[StreamT, EventT, int]]] = {}
         self._ack_soon: list[tuple[StreamT, EventT]] = []
         self._resend_progress = False
+        # Assigned partitions without a committed offset at the last recovery: read again from
+        # their start once the rebalance is over (see `_uncommitted`).
+        self._rewind: list[TP] = []
         self._last_offset: dict[tuple[str, int], int] = {}
         self._last_seen_ms: dict[int, int] = {}
         self._reported = IngestCounters()
@@ -241,6 +246,10 @@ class StreamsApp:
         acknowledge the records those panes counted."""
         if not self.ready:
             return
+        if self._rewind and not self.app.rebalancing:
+            rewind, self._rewind = self._rewind, []
+            for tp in rewind:
+                await self.app.consumer.seek(tp, 0)
         async with self._lock:
             closing = self.ingest.close(self.clock(), self.caught_up(), self.source_count)
             with tracing.producer_span(self.names.handoff):
@@ -311,15 +320,38 @@ class StreamsApp:
     # --- stage 2 -----------------------------------------------------------------------------
 
     async def on_handoff_record(self, event: EventT) -> None:
-        q = event.message.partition
-        record = decode_handoff(event.value)  # type: ignore[arg-type]
+        """Applies each hand-off record once, in offset order: a re-delivered one is skipped, and
+        the ones faust's consumer skipped are read again first (see `streams.handoff_gaps`)."""
+        q, offset = event.message.partition, event.message.offset
+        if not self.merge.owns(q) or self.merge.applied(q, offset):
+            return  # revoked while in flight (its next owner reads it), or re-delivered
+        missed = self.merge.missed(q, offset)
+        if missed is not None:
+            start, end = missed
+            log.warning(
+                "hand-off records skipped by the consumer; reading them again",
+                extra={"partition": q, "from_offset": start, "to_offset": end},
+            )
+            records = await read_handoff(
+                self.settings.kafka.bootstrap,
+                self.names.handoff,
+                q,
+                start,
+                end,
+                max_fetch_bytes=_MAX_REQUEST_BYTES,
+            )
+            for at, value in records:
+                await self._apply_handoff(q, at, value)
+        await self._apply_handoff(q, offset, event.value)  # type: ignore[arg-type]
+
+    async def _apply_handoff(self, q: int, offset: int, value: dict[str, Any]) -> None:
+        record = decode_handoff(value)
         if isinstance(record, Partial):
-            await self.write(self.merge_table, self.merge.apply_partial(q, record))
+            await self.write(self.merge_table, self.merge.apply_partial(q, record, offset))
             return
-        writes = self.merge.apply_progress(q, record)
-        if not writes:
+        progress_writes = self.merge.apply_progress(q, record, offset)
+        if not progress_writes:
             return
-        await self.write(self.merge_table, writes)
         emission = self.merge.emit(q)
         now = self.clock()
         delivered = [await self.publish(out) for out in emission.events]
@@ -328,7 +360,9 @@ class StreamsApp:
             # each partition's batches on their own, so a crash in between could otherwise persist
             # "emitted" and lose the windows. Now it re-emits them (consumers dedupe by event_id).
             await asyncio.gather(*delivered)
-        await self.write(self.merge_table, emission.writes)
+        # The progress entry (with the next hand-off offset) goes last: restored, it stands for
+        # every write before it, this emission's included.
+        await self.write(self.merge_table, [*emission.writes, *progress_writes])
         for out in emission.events:
             if isinstance(out, WindowComputed):
                 await self._record_window(out, now)
@@ -432,6 +466,7 @@ class StreamsApp:
         assigned = self.app.consumer.assignment()
         sources = {tp.partition for tp in assigned if tp.topic == self.names.access}
         handoffs = {tp.partition for tp in assigned if tp.topic == self.names.handoff}
+        rewind = await self._uncommitted(assigned)
         async with self._lock:
             ingest_items = list(self.ingest_table.data.items())
             for p in sorted(sources - set(self.ingest.partitions)):
@@ -448,10 +483,32 @@ class StreamsApp:
                     key = f"{row['window']}|{row['shard']}|{row.get('model', '*')}"
                     self.latest_windows.setdefault(key, row)
             self._resend_progress = True
+            self._rewind = rewind
             self.ready = True
         log.info(
             "streams state recovered",
             extra={"source_partitions": sorted(sources), "handoff_partitions": sorted(handoffs)},
+        )
+
+    async def _uncommitted(self, assigned: Iterable[TP]) -> list[TP]:
+        """The assigned stream partitions without a committed offset. faust-streaming drops records
+        it fetched while its set of active partitions was empty (right after a changelog recovery
+        aiokafka takes the empty set for "every partition", and faust discards what comes back);
+        its seek to the committed offsets repairs only the partitions that have one, so the others
+        are read again from their start once the rebalance is over (a repeat is skipped by offset).
+        Asked before the streams resume, so that no commit of this generation hides a gap."""
+        admin = AIOKafkaAdminClient(
+            bootstrap_servers=self.settings.kafka.bootstrap, client_id="cachemesh-streams-recovery"
+        )
+        await admin.start()
+        try:
+            committed = await admin.list_consumer_group_offsets(self.names.app_id)
+        finally:
+            await admin.close()
+        starts = {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()}
+        topics = {self.names.access, self.names.kv, self.names.handoff}
+        return sorted(
+            tp for tp in assigned if tp.topic in topics and starts.get((tp.topic, tp.partition), -1) <= 0
         )
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:

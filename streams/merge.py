@@ -8,7 +8,9 @@ source partitions; every window ending at or before it is complete. Per group an
 window [e-10s, e) when any of its panes has; for a shard (all models) also its drift clusters.
 
 Re-sent partials overwrite (their content is the same), and emitted windows carry deterministic
-event ids, so a restart anywhere repeats at most what consumers drop as duplicates.
+event ids, so a restart anywhere repeats at most what consumers drop as duplicates. Each partition's
+state knows the next hand-off offset it has to apply (`next_offset`, kept in the `wm` entry), so a
+record that arrives past it shows what the consumer skipped (`missed`) and the adapter reads it again.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ class _MergeState:
     partitions_total: int = 0
     groups: dict[Group, _GroupState] = field(default_factory=dict)
     emitted_watermark: int | None = None
+    # Every hand-off record before this offset is in the state; None: unknown (a `wm` entry written
+    # before offsets were kept). Persisted in the `wm` entry, which is written after the entries of
+    # the records before it, so a restored state never claims records whose writes were lost.
+    next_offset: int | None = 0
 
 
 @dataclass(slots=True)
@@ -179,6 +185,7 @@ class Merge:
             if kind == "wm":
                 state.progress.update({int(p): int(c) for p, c in value["c"].items()})
                 state.partitions_total = max(state.partitions_total, int(value["n"]))
+                state.next_offset = int(value["o"]) if "o" in value else None
             elif kind == "part":
                 group = self._group(state, (parts[2], parts[3]))
                 group.partials.setdefault(int(parts[4]), {})[int(parts[5])] = PaneAggregate.from_json(value)
@@ -204,8 +211,27 @@ class Merge:
 
     # --- hand-off records --------------------------------------------------------------------
 
-    def apply_partial(self, partition: int, partial: Partial) -> list[TableWrite]:
+    def applied(self, partition: int, offset: int) -> bool:
+        """Is the hand-off record at `offset` already in the state (re-delivered from an older
+        commit)?"""
+        next_offset = self._state(partition).next_offset
+        return next_offset is not None and offset < next_offset
+
+    def missed(self, partition: int, offset: int) -> tuple[int, int] | None:
+        """The offsets [start, offset) not applied yet when the record at `offset` arrives: records
+        the consumer skipped, which must be applied first; None when there are none."""
+        next_offset = self._state(partition).next_offset
+        if next_offset is None or offset <= next_offset:
+            return None
+        return next_offset, offset
+
+    def _advance(self, state: _MergeState, offset: int | None) -> None:
+        if offset is not None:
+            state.next_offset = max(state.next_offset or 0, offset + 1)
+
+    def apply_partial(self, partition: int, partial: Partial, offset: int | None = None) -> list[TableWrite]:
         state = self._state(partition)
+        self._advance(state, offset)
         group = self._group(state, partial.group)
         start = partial.pane_start_ms
         if group.emitted_until is not None and start + PANE_MS <= group.emitted_until:
@@ -218,8 +244,13 @@ class Merge:
         key = table_key("part", partition, shard, model, start, partial.source_partition)
         return [TableWrite(partition, key, partial.aggregate.to_json())]
 
-    def apply_progress(self, partition: int, progress: Progress) -> list[TableWrite]:
+    def apply_progress(
+        self, partition: int, progress: Progress, offset: int | None = None
+    ) -> list[TableWrite]:
+        """The `wm` write when the watermark inputs moved; write it after the emission's writes
+        (see `next_offset`)."""
         state = self._state(partition)
+        self._advance(state, offset)
         changed = progress.partitions > state.partitions_total
         state.partitions_total = max(state.partitions_total, progress.partitions)
         for source, closed in progress.closed_before_ms.items():
@@ -228,7 +259,12 @@ class Merge:
                 changed = True
         if not changed:
             return []
-        value = {"n": state.partitions_total, "c": {str(p): c for p, c in sorted(state.progress.items())}}
+        value: dict[str, Any] = {
+            "n": state.partitions_total,
+            "c": {str(p): c for p, c in sorted(state.progress.items())},
+        }
+        if state.next_offset is not None:
+            value["o"] = state.next_offset
         return [TableWrite(partition, table_key("wm", partition), value)]
 
     def watermark(self, partition: int) -> int | None:
