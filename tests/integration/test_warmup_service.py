@@ -7,13 +7,17 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from aiokafka import AIOKafkaConsumer
 
 from schemas.events import (
+    AttentionHeatReported,
     CacheAccessed,
     DriftClustered,
     Event,
+    HeatScored,
+    ShardPlanned,
     WarmupDecided,
     WarmupMeasured,
     WarmupRequested,
@@ -22,9 +26,11 @@ from schemas.events import (
 from schemas.topics import qualified
 from schemas.wire import decode
 from services.runtime.kafka import EventPublisher
+from services.tiers.entry import EntryMeta, encode_text
 from services.warmup.service import WarmupService
 from services.warmup.settings import WarmupSettings
 from tests.integration.conftest import kafka_settings_for
+from tests.integration.nodes import running
 
 pytestmark = pytest.mark.integration
 
@@ -180,3 +186,60 @@ async def test_delta_t_is_published_and_the_ftl_fit_survives_a_restart(
         assert second.planner.ftl.fits["7b"].params() == pytest.approx(fit)
     await publisher.stop()
     await reader.stop()
+
+
+async def test_head_heat_becomes_a_shard_plan_and_rising_heat_warms_semantic_neighbours(  # type: ignore[no-untyped-def]
+    kafka, namespace, topics_on, pg_settings, node_settings
+) -> None:
+    await topics_on(kafka)
+    settings = _settings(kafka, namespace, pg_settings, semantic_neighbours=2)
+    reader = AIOKafkaConsumer(
+        qualified(ShardPlanned.topic, namespace),
+        qualified(WarmupRequested.topic, namespace),
+        bootstrap_servers=kafka.bootstrap,
+        auto_offset_reset="earliest",
+    )
+    await reader.start()
+    publisher = EventPublisher(settings.kafka)
+    await publisher.start()
+    rng = np.random.default_rng()
+    base = rng.normal(size=384).astype(np.float32)
+    keys = [f"{namespace}{name}" for name in ("hot", "near-1", "near-2", "far")]
+    t0 = time.time_ns() // 1_000_000
+    async with running(node_settings("writer")) as writer, WarmupService(settings) as service:
+        runner = asyncio.create_task(service.run())
+        await _until(lambda: all(c.health()["assigned"] for c in service._consumers), 60)
+        assert writer.cache is not None
+        for key, noise in zip(keys, (0.0, 0.1, 0.2, 5.0), strict=True):
+            vec = base + noise * rng.normal(size=384).astype(np.float32)
+            await writer.cache.put(
+                EntryMeta(key=key, kind="prompt", model="m", embedding=vec), encode_text(key, model="m")
+            )
+        await publisher.publish(window("*", t0 - 1000, 120))
+        await _until(lambda: "*" in service.planner.windows, 60)
+        # Head 2 swings, heads 0 and 1 hold still: a plan with head 2 hot.
+        for step in range(8):
+            heat = [0.5, 0.5 + 0.01 * (step % 2), float(step % 2)]
+            await publisher.publish(
+                AttentionHeatReported(block_hash="b", model="m", step=step, head_heat=heat)
+            )
+        await publisher.publish(HeatScored(key=keys[0], score=0.1, decision="keep", occurred_at_ms=t0))
+        await _until(lambda: service.events_applied >= 10, 60)
+        await publisher.publish(HeatScored(key=keys[0], score=0.8, decision="keep", occurred_at_ms=t0 + 100))
+
+        def done(seen: list[Event]) -> bool:
+            return any(isinstance(e, ShardPlanned) for e in seen) and any(
+                isinstance(e, WarmupRequested) and e.reason and "neighbours" in e.reason for e in seen
+            )
+
+        seen = await _collect(reader, done, 60)
+        service.request_stop()
+        await runner
+    await publisher.stop()
+    await reader.stop()
+    plans = [e for e in seen if isinstance(e, ShardPlanned)]
+    assert plans[-1].model == "m" and plans[-1].classes[2] == "hot" and plans[-1].classes[0] == "cold"
+    [neighbours] = [
+        e for e in seen if isinstance(e, WarmupRequested) and e.reason and "neighbours" in e.reason
+    ]
+    assert neighbours.keys == keys[1:3], "the two nearest by embedding, not the far one nor the key itself"
