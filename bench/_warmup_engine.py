@@ -122,6 +122,8 @@ def hold_cause(reason: str) -> str:
     for cause in ("no 1 s window", "budget", "not finite"):
         if cause in head:
             return cause
+    if "were wasted" in head:
+        return "backed off (waste)"
     words = head.removeprefix("hold: ").split()
     return f"{words[0]} {words[2]}" if len(words) >= 3 else head  # e.g. "entropy >="
 

@@ -126,6 +126,7 @@ def test_health_is_the_seed_formula() -> None:
         ("hold: entropy 6.90 >= 3.8 bits (too chaotic); y", "entropy >="),
         ("hold: no 1 s window yet for shard *", "no 1 s window"),
         ("hold: prefetch budget spent; z", "budget"),
+        ("hold: 92% of the latest conversation prefetches were wasted; w", "backed off (waste)"),
     ],
 )
 def test_hold_causes_drop_the_numbers(reason: str, cause: str) -> None:
