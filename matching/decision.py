@@ -7,6 +7,8 @@ an entry are both cosine floors, and the stricter (the larger) of the two that a
 of the learned threshold: a candidate is served only at or above max(learned threshold, floor), and
 below the floor it is never explored either. Neither set means the learned threshold alone (a stored
 default of 0.92 should therefore be stored as None, or it will cap the hit rate at the old one).
+An empty text means unknown (a lookup by embedding alone, an entry stored without its prompt): the
+same-text check and the guards are skipped for that pair, and the threshold alone decides.
 """
 
 from __future__ import annotations
@@ -96,9 +98,10 @@ class MatchDecision:
         s = float(candidate.similarity)
         if request_key is not None and request_key == candidate.key:
             return MatchResult(Verdict.SERVE, s, -1.0, "exact key", candidate, exact=True)
-        if _normalised(request_text) == _normalised(candidate.text):
+        known = bool(request_text) and bool(candidate.text)
+        if known and _normalised(request_text) == _normalised(candidate.text):
             return MatchResult(Verdict.SERVE, s, -1.0, "same text", candidate, exact=True)
-        if self.use_guards:
+        if self.use_guards and known:
             hit = guards.check(candidate.text, request_text, self.guard_set)
             if hit is not None:
                 return MatchResult(Verdict.MISS, s, float("inf"), hit.reason, candidate, guard=hit.guard)

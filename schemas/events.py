@@ -26,6 +26,7 @@ DriftPattern = Literal["pulse", "migrating", "stable"]
 # Bounds that keep one event well under the broker's message size and a consumer's memory.
 MAX_KEY_CHARS = 512
 MAX_EMBEDDING_DIM = 4096
+MAX_PROMPT_CHARS = 65_536
 MAX_KEYS_PER_EVENT = 1024
 MAX_HEADS = 1024
 
@@ -165,6 +166,9 @@ class CacheInvalidated(Event):
     origin_node_id: str | None = None
     # 1 = the immediate delete, 2 = the delayed second delete (seed §4.4 delayed double delete).
     attempt: Annotated[int, Field(ge=1, le=2)] = 1
+    # The written entry's prompt, when known: receiving nodes run the match guards with it, so a write
+    # does not drop a neighbour that asks the opposite question.
+    prompt_text: Annotated[str, Field(max_length=MAX_PROMPT_CHARS)] | None = None
 
     _check_embedding = field_validator("embedding")(_finite)
 

@@ -34,6 +34,9 @@ class EntryMeta:
     created_at_ms: int = 0
     updated_at_ms: int = 0
     size_bytes: int = 0
+    # The prompt this entry answers, when it was written by text: the match guards compare it with a
+    # request's text (matching/guards.py). None for entries written by embedding or by key only.
+    prompt_text: str | None = None
 
     @property
     def expires_at_ms(self) -> int | None:
@@ -59,6 +62,7 @@ class EntryMeta:
             "created_at_ms": self.created_at_ms,
             "updated_at_ms": self.updated_at_ms,
             "size_bytes": self.size_bytes,
+            "prompt_text": self.prompt_text,
         }
 
     def bound_to(self) -> set[str]:

@@ -54,6 +54,23 @@ class DescriptorStore(ABC):
     ) -> SemanticMatch | None:
         """The most similar live entry whose cosine reaches max(its own tolerance, `tolerance`)."""
 
+    async def neighbours(
+        self,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        min_similarity: float = 0.0,
+        candidates: int = 4,
+    ) -> list[SemanticMatch]:
+        """Up to `candidates` of the most similar live entries, best first, at or above `min_similarity`
+        whatever their own tolerance (the caller's match decision applies it). This fallback asks
+        `search` for one; adapters that can return several override it."""
+        match = await self.search(
+            embedding, now_ms, model=model, tolerance=min_similarity, candidates=candidates
+        )
+        return [] if match is None else [match]
+
     @abstractmethod
     async def delete(self, key: str) -> bool: ...
 
@@ -85,6 +102,27 @@ class L3Store(ValueStore, DescriptorStore, ABC):
             return entry, "exact", 1.0
         match = await self.search(embedding, now_ms, model=model, tolerance=tolerance, candidates=candidates)
         return None if match is None else (match.entry, "semantic", match.similarity)
+
+    async def find_neighbours(
+        self,
+        key: str,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        min_similarity: float = 0.0,
+        candidates: int = 4,
+    ) -> tuple[Entry | None, list[SemanticMatch]]:
+        """(the live entry under `key`, []) when there is one (of `model`), else (None, `neighbours`):
+        one lookup's whole L3 leg for the match decision. Adapters that can answer both in one round
+        trip override this."""
+        entry = await self.get(key, now_ms)
+        if entry is not None and (model is None or entry.meta.model == model):
+            return entry, []
+        found = await self.neighbours(
+            embedding, now_ms, model=model, min_similarity=min_similarity, candidates=candidates
+        )
+        return None, found
 
 
 # --- other nodes' L2 pools (DESIGN.md §1 L2) -------------------------------------------------------

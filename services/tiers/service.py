@@ -39,6 +39,7 @@ from services.tiers.l2.net.transport import TcpBlockServer
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.l3.store import PostgresL3Store
+from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
@@ -130,6 +131,7 @@ class TiersService(Service):
             l3_timeout_s=s.l3_timeout_ms / 1000,
             l3_candidates=s.l3_candidates,
             max_pending_l3_writes=s.max_pending_l3_writes,
+            matcher=Matcher(delta=s.match_delta, default_tolerance=s.default_similarity_tolerance),
         )
         await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.

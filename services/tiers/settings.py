@@ -77,6 +77,11 @@ class TiersSettings(ServiceSettings):
     rdma_gid_index: Annotated[int, Field(ge=0)] = 0
     # Cosine a semantic match must reach when the entry does not say (seed §1.1: 0.92).
     default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
+    # The match decision (services/tiers/node/matcher.py). None: the fixed floor above (or the entry's
+    # or request's, the stricter) plus the guards. A number: the threshold learned from feedback with
+    # that bound δ on the rate of wrong answers served (matching/threshold.py; not yet the default: it
+    # does not meet its targets in bench/semantic.py).
+    match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
 
     # --- request bounds ----------------------------------------------------------------------
     max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20

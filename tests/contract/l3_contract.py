@@ -56,6 +56,7 @@ class L3StoreContract:
             semantic_tags={"lang": "en", "topic": "billing"},
             created_at_ms=NOW - 5,
             updated_at_ms=NOW,
+            prompt_text="What is the capital of France?",
         )
         await store.put(written)
         got = await store.get("q:1", NOW)
@@ -69,6 +70,7 @@ class L3StoreContract:
         assert m.embedding is not None and m.embedding.dtype == np.float32
         np.testing.assert_allclose(m.embedding, e, rtol=1e-6)
         assert m.expires_at_ms == NOW + 60_000
+        assert m.prompt_text == "What is the capital of France?"
 
     async def test_size_bytes_is_the_stored_value_length(self, store: L3Store) -> None:
         written = entry("q:1", "x" * 100, size_bytes=7)
@@ -84,7 +86,7 @@ class L3StoreContract:
         assert (
             m.embedding is None and m.ttl_hint_ms is None and m.trace_id is None and m.expires_at_ms is None
         )
-        assert m.context_dependency_ids == () and m.semantic_tags == {}
+        assert m.context_dependency_ids == () and m.semantic_tags == {} and m.prompt_text is None
         assert m.similarity_tolerance == pytest.approx(0.92, abs=1e-6)
 
     async def test_unknown_keys_are_misses(self, store: L3Store) -> None:
@@ -285,6 +287,32 @@ class SemanticL3Contract(L3StoreContract):
         found = await store.find("k", vec(4), NOW + 9)
         assert found is not None and found[1] == "exact"
 
+    async def test_neighbours_are_every_near_entry_best_first_whatever_its_tolerance(
+        self, store: L3Store
+    ) -> None:
+        base = vec(1)
+        await store.put(entry("strict", embedding=at_cosine(base, 0.95, 11), similarity_tolerance=0.99))
+        await store.put(entry("lax", embedding=at_cosine(base, 0.9, 12), similarity_tolerance=0.5))
+        await store.put(entry("far", embedding=vec(5)))
+        await store.put(entry("other", model="llama", embedding=at_cosine(base, 0.97, 13)))
+        near = await store.neighbours(base, NOW, model="m", min_similarity=0.8, candidates=4)
+        assert [m.entry.key for m in near] == ["strict", "lax"]  # the decision applies tolerances
+        assert near[0].similarity == pytest.approx(0.95, abs=1e-3)
+        assert [m.entry.key for m in await store.neighbours(base, NOW, candidates=1)] == ["other"]
+        assert await store.neighbours(base, NOW, model="m", min_similarity=0.96) == []
+
+    async def test_find_neighbours_gives_the_exact_key_or_the_neighbours(self, store: L3Store) -> None:
+        base = vec(1)
+        await store.put(entry("k", embedding=vec(3), prompt_text="How do I reset my password?"))
+        await store.put(entry("para", embedding=at_cosine(base, 0.97)))
+        exact, near = await store.find_neighbours("k", base, NOW)
+        assert exact is not None and exact.key == "k" and near == []
+        assert exact.meta.prompt_text == "How do I reset my password?"
+        exact, near = await store.find_neighbours("never-written", base, NOW, min_similarity=0.5)
+        assert exact is None and [m.entry.key for m in near] == ["para"]
+        exact, near = await store.find_neighbours("k", base, NOW, model="llama")
+        assert exact is None and near == []
+
 
 class ExactOnlyL3Contract(L3StoreContract):
     """The contract of a store without semantic search (Postgres without pgvector)."""
@@ -296,3 +324,7 @@ class ExactOnlyL3Contract(L3StoreContract):
         assert found is not None and (found[0].key, found[1], found[2]) == ("k", "exact", 1.0)
         assert await store.find("other", vec(1), NOW) is None
         assert await store.find("k", vec(1), NOW, model="other") is None
+        assert await store.neighbours(vec(1), NOW) == []
+        exact, near = await store.find_neighbours("k", vec(1), NOW)
+        assert exact is not None and exact.key == "k" and near == []
+        assert await store.find_neighbours("other", vec(1), NOW) == (None, [])

@@ -1,6 +1,7 @@
 """The tier node's HTTP API (FastAPI; OpenAPI at /openapi.json, docs at /docs, and a copy in
 `schemas/openapi/tiers.json`): lookup by key, by embedding or by text (embedded with the local
-all-MiniLM-L6-v2), batch lookup, put, delete, stats. An optional bearer token guards every /v1 route.
+all-MiniLM-L6-v2), batch lookup, put, delete, feedback on a match, stats. An optional bearer token
+guards every /v1 route.
 
 Bad input is a clear 4xx: 422 for a wrong embedding dimension, NaN or inf, an empty key, text or
 embedding, a malformed tensor; 413 for a body, value, text or batch over its bound; 401 for a missing or
@@ -33,6 +34,8 @@ from services.tiers.edge.models import (
     BatchOut,
     DeleteOut,
     EmbeddingFields,
+    FeedbackBody,
+    FeedbackOut,
     LookupBody,
     LookupOut,
     PutBody,
@@ -40,6 +43,7 @@ from services.tiers.edge.models import (
     TensorIn,
 )
 from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
+from services.tiers.l1.vector_index import normalize
 from services.tiers.node.plan import Lookup
 from services.tiers.node.plan import Query as CacheQuery
 from services.tiers.node.tiered import L3Unavailable, TieredCache
@@ -162,6 +166,7 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
         "degraded": result.degraded,
         "remote": result.remote,
         "peer": result.peer,
+        "explore_key": result.explore_key,
         "descriptor": None if entry is None else entry.meta.as_dict(),
         "value": _value_dict(entry.blob) if entry is not None and include_value else None,
         "value_omitted": omitted,
@@ -204,7 +209,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             for i, row in zip(texts, embedded, strict=True):
                 vectors[i] = row
         return [
-            CacheQuery(key=b.key, embedding=v, model=b.model, tolerance=b.tolerance, trace_id=b.trace_id)
+            CacheQuery(b.key, v, b.model, b.tolerance, b.trace_id, b.text)
             for b, v in zip(bodies, vectors, strict=True)
         ]
 
@@ -226,7 +231,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     async def lookup_one(body: LookupBody) -> dict[str, Any]:
         (q,) = await to_queries([body])
         result = await cache.get(
-            q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id
+            q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id, text=q.text
         )
         return _lookup_dict(result, body.include_value)
 
@@ -265,6 +270,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     async def put_entry(key: str, body: PutBody) -> PutOut:
         _check_key(key)
         vec = _embedding(body, dim)
+        text = None
         if body.embed_text is not None:
             if vec is not None:
                 raise _problem(422, "give embed_text or an embedding, not both")
@@ -285,8 +291,37 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             trace_id=body.trace_id,
             context_dependency_ids=tuple(body.context_dependency_ids),
             semantic_tags=dict(body.semantic_tags),
+            prompt_text=text,
         )
         return await _put(cache, meta, blob, body.invalidate_threshold)
+
+    @v1.post(
+        "/feedback",
+        response_model=FeedbackOut,
+        summary="Whether an entry was the right answer to a request (its text or embedding)",
+    )
+    async def feedback(body: FeedbackBody) -> FeedbackOut:
+        vec = _embedding(body, dim)
+        if body.text is not None:
+            if vec is not None:
+                raise _problem(422, "give text or an embedding, not both")
+            vec = (await embed_texts([_check_text(body.text, "text", settings.max_text_chars)]))[0]
+        elif vec is None:
+            raise _problem(422, "feedback needs the request's text or embedding")
+        meta = await cache.entry_meta(body.key)
+        if meta is None:
+            raise _problem(404, f"no entry {body.key!r}")
+        if meta.embedding is None:
+            raise _problem(422, f"entry {body.key!r} has no embedding: it is matched by key only")
+        sim = float(np.clip(normalize(meta.embedding)[0] @ normalize(vec)[0], -1.0, 1.0))
+        state = cache.matcher.feedback(meta, sim, body.correct, explored=body.explored)
+        return FeedbackOut(
+            key=body.key,
+            similarity=sim,
+            correct=body.correct,
+            labels=state.labelled,
+            threshold=cache.matcher.threshold(meta),
+        )
 
     @v1.delete("/entries/{key:path}", response_model=DeleteOut, summary="Delete everywhere")
     async def delete_entry(key: str) -> DeleteOut:

@@ -46,10 +46,17 @@ class PutBody(EmbeddingFields):
     kind: EntryKind = "prompt"
     embed_text: str | None = Field(
         default=None,
-        description="embed this text (the prompt) with all-MiniLM-L6-v2 as the entry's embedding",
+        description=(
+            "embed this text (the prompt) with all-MiniLM-L6-v2 as the entry's embedding; it is kept as "
+            "the entry's prompt_text, which the match guards compare with a lookup's text"
+        ),
     )
     ttl_hint_ms: Annotated[int, Field(gt=0)] | None = None
-    similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None,
+        description="cosine a semantic match of this entry must reach (default 0.92); a lookup's "
+        "tolerance can only make it stricter",
+    )
     invalidate_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         default=None, description="cosine at which other entries are invalidated (default: the tolerance)"
     )
@@ -68,11 +75,38 @@ class LookupBody(EmbeddingFields):
     """A key, an embedding, a text (embedded here), or a key with either: the exact key goes first."""
 
     key: Key | None = None
-    text: str | None = None
+    text: str | None = Field(
+        default=None, description="embedded here; the match guards compare it with the entries' prompts"
+    )
     model: str | None = None
-    tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None,
+        description="cosine floor for a semantic match; the stricter of it and the entry's "
+        "similarity_tolerance applies",
+    )
     trace_id: Key | None = None
     include_value: bool = True
+
+
+class FeedbackBody(EmbeddingFields):
+    """Whether the entry `key` answered a request (given by its text or embedding) correctly."""
+
+    key: Key
+    text: str | None = None
+    correct: bool
+    explored: bool = Field(
+        default=False,
+        description="true: the lookup was a miss to explore (explore_key) and `correct` says whether the "
+        "model's answer agreed with the entry's; false: a rating of an answer that was served",
+    )
+
+
+class FeedbackOut(BaseModel):
+    key: str
+    similarity: float = Field(description="cosine between the request and the entry's embedding")
+    correct: bool
+    labels: int = Field(description="labels this node holds for the entry")
+    threshold: float = Field(description="the similarity a candidate of this entry now needs")
 
 
 class BatchBody(_Strict):
@@ -104,6 +138,7 @@ class DescriptorOut(BaseModel):
     created_at_ms: int
     updated_at_ms: int
     size_bytes: int
+    prompt_text: str | None = None
 
 
 class LookupOut(BaseModel):
@@ -116,6 +151,11 @@ class LookupOut(BaseModel):
     degraded: bool = Field(description="L3 was skipped (circuit breaker open) or failed")
     remote: bool = Field(default=False, description="tier l2 of another node: its pool served the value")
     peer: str | None = Field(default=None, description="that node's block server (host:port)")
+    explore_key: str | None = Field(
+        default=None,
+        description="a miss the learned decision explores: ask the model, then POST /v1/feedback with "
+        "this key, explored true and whether the answers agree",
+    )
     descriptor: DescriptorOut | None = None
     value: ValueOut | None = None
     value_omitted: bool = False

@@ -381,6 +381,47 @@ class L1Cache:
             out.append(hit)
         return out
 
+    def semantic_candidates(
+        self,
+        embeddings: npt.ArrayLike,
+        *,
+        min_similarity: float = 0.0,
+        entry_floor: bool = True,
+        model: str | None = None,
+    ) -> list[list[L1Hit]]:
+        """Per query, the live entries (of `model`) at or above `min_similarity` (and, with
+        `entry_floor`, their own tolerance), best first: candidates for a match decision. Nothing is
+        counted as a hit and the policy is not told until `note_semantic_hit`; a query without a
+        candidate counts as a miss."""
+        q = np.asarray(embeddings, dtype=np.float32)
+        if self.index is None or not len(self.index):
+            self._misses += len(q)
+            return [[] for _ in range(len(q))]
+        ids, sims = self.index.search(q, min(self.candidates, len(self.index)))
+        need = np.full(ids.shape, np.float32(min_similarity), dtype=np.float32)
+        if entry_floor:
+            need = np.maximum(need, self._tolerance[np.maximum(ids, 0)])
+        ok = (ids >= 0) & (sims >= need)
+        now = self.clock()
+        out: list[list[L1Hit]] = []
+        for row in range(ids.shape[0]):
+            found = []
+            for c in np.flatnonzero(ok[row]).tolist():
+                s = int(ids[row, c])
+                key = self._keys[s]
+                if key is None or (model is not None and self._models[s] != model) or not self._live(s, now):
+                    continue
+                found.append(L1Hit(key, self._values[s], float(sims[row, c]), exact=False))
+            self._misses += not found
+            out.append(found)
+        return out
+
+    def note_semantic_hit(self, key: str) -> None:
+        """A candidate of `semantic_candidates` was served: count it and tell the policy."""
+        if self._slot(key) >= 0:
+            self.policy.on_hit(key, self.clock())
+            self._semantic_hits += 1
+
     def get_many(self, keys: Sequence[str]) -> list[Any | None]:
         """Exact lookups for a batch: one vectorised probe of the cuckoo table."""
         if not keys:

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 _COLUMNS = (
     "d.key, d.kind, d.model, d.ttl_hint_ms, d.similarity_tolerance, d.context_dependency_ids, d.trace_id, "
-    "d.size_bytes, d.created_at_ms, d.updated_at_ms, d.embedding, v.value, "
+    "d.size_bytes, d.created_at_ms, d.updated_at_ms, d.embedding, d.prompt_text, v.value, "
     "ARRAY(SELECT t.tag FROM semantic_tags t WHERE t.key = d.key ORDER BY t.tag) AS tag_names, "
     "ARRAY(SELECT t.value FROM semantic_tags t WHERE t.key = d.key ORDER BY t.tag) AS tag_values"
 )
@@ -36,14 +36,14 @@ _LIVE = "(d.expires_at_ms IS NULL OR d.expires_at_ms > $2)"
 
 _UPSERT_DESCRIPTOR = """
 INSERT INTO cache_descriptors (key, kind, model, ttl_hint_ms, similarity_tolerance, context_dependency_ids,
-    trace_id, size_bytes, tier, created_at_ms, updated_at_ms, last_access_ms, embedding)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'l3', $9, $10, NULL, $11)
+    trace_id, size_bytes, tier, created_at_ms, updated_at_ms, last_access_ms, embedding, prompt_text)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'l3', $9, $10, NULL, $11, $12)
 ON CONFLICT (key) DO UPDATE SET
     kind = EXCLUDED.kind, model = EXCLUDED.model, ttl_hint_ms = EXCLUDED.ttl_hint_ms,
     similarity_tolerance = EXCLUDED.similarity_tolerance,
     context_dependency_ids = EXCLUDED.context_dependency_ids, trace_id = EXCLUDED.trace_id,
     size_bytes = EXCLUDED.size_bytes, tier = EXCLUDED.tier, updated_at_ms = EXCLUDED.updated_at_ms,
-    embedding = EXCLUDED.embedding
+    embedding = EXCLUDED.embedding, prompt_text = EXCLUDED.prompt_text
 """
 _REPLACE_TAGS = (
     "INSERT INTO semantic_tags (key, tag, value) SELECT $1, u.tag, u.value "
@@ -77,6 +77,7 @@ def _entry(row: asyncpg.Record) -> Entry:
         created_at_ms=row["created_at_ms"],
         updated_at_ms=row["updated_at_ms"],
         size_bytes=row["size_bytes"],
+        prompt_text=row["prompt_text"],
     )
     return Entry(meta, row["value"])
 
@@ -127,6 +128,7 @@ class PostgresL3Store(L3Store):
                 m.created_at_ms,
                 m.updated_at_ms,
                 embedding,
+                m.prompt_text,
             )
             await conn.execute("DELETE FROM semantic_tags WHERE key = $1", m.key)
             if names:
@@ -216,6 +218,66 @@ class PostgresL3Store(L3Store):
             if sim >= max(floor, float(row["similarity_tolerance"])):
                 return _entry(row), "semantic", sim
         return None
+
+    async def neighbours(
+        self,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        min_similarity: float = 0.0,
+        candidates: int = 4,
+    ) -> list[SemanticMatch]:
+        if not self.semantic:
+            return []
+        rows = await self._nearest(None, embedding, now_ms, model, candidates)
+        return [SemanticMatch(_entry(r), s) for r in rows if (s := float(r["similarity"])) >= min_similarity]
+
+    async def find_neighbours(
+        self,
+        key: str,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        min_similarity: float = 0.0,
+        candidates: int = 4,
+    ) -> tuple[Entry | None, list[SemanticMatch]]:
+        if not self.semantic:
+            entry = await self.get(key, now_ms)
+            ok = entry is not None and (model is None or entry.meta.model == model)
+            return (entry, []) if ok else (None, [])
+        rows = await self._nearest(key, embedding, now_ms, model, candidates)
+        for row in rows:
+            if float(row["similarity"]) > 1.5:
+                return _entry(row), []
+        return None, [
+            SemanticMatch(_entry(r), s) for r in rows if (s := float(r["similarity"])) >= min_similarity
+        ]
+
+    async def _nearest(
+        self, key: str | None, embedding: npt.ArrayLike, now_ms: int, model: str | None, candidates: int
+    ) -> list[asyncpg.Record]:
+        """The nearest live neighbours, best first, and (with `key`) the exact row first, marked with
+        similarity 2: one round trip."""
+        vec = self._embedding_param(np.asarray(embedding, dtype=np.float32))
+        args: list[Any] = [vec, now_ms, int(candidates)]
+        model_filter = ""
+        if model is not None:
+            args.append(model)
+            model_filter = f" AND d.model = ${len(args)}"
+        near = (
+            f"(SELECT {_COLUMNS}, 1 - (d.embedding <=> $1) AS similarity {_FROM} "
+            f"WHERE d.embedding IS NOT NULL AND {_LIVE}{model_filter} ORDER BY d.embedding <=> $1 LIMIT $3)"
+        )
+        if key is None:
+            return list(await self.db.fetch(near, *args))
+        args.append(key)
+        exact = (
+            f"(SELECT {_COLUMNS}, 2.0::float8 AS similarity {_FROM} "
+            f"WHERE d.key = ${len(args)} AND {_LIVE}{model_filter})"
+        )
+        return list(await self.db.fetch(f"{exact} UNION ALL {near}", *args))
 
     async def delete(self, key: str) -> bool:
         status = await self.db.execute("DELETE FROM cache_descriptors WHERE key = $1", key)

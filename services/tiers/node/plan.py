@@ -2,11 +2,13 @@
 step may do (DESIGN.md §1-§3, seed §1.1); plus a lookup's query, its answer and the walk's bookkeeping.
 
 L1 exact, L1 semantic, L2 exact (L2 is exact-key only), other nodes' L2 exact, L3 exact, L3 semantic:
-tier by tier, the exact key before the embedding in each, so an acceptable answer from memory never
-waits on a network round trip. The in-process steps come first and are all a local-only lookup
-(`get_local`) may use. A hit below L1 is copied into the tiers above it (`promote`); a peer's hit is
-tier "l2" with `remote` set; a step behind the L3 breaker that is refused or fails marks the lookups it
-was asked for `degraded` (served from L1/L2 only). Executed by `TierReads` (reads.py).
+tier by tier, the exact key before the embedding in each. An exact key ends the walk; a semantic
+candidate is only offered (`Walk.offer`), and the walk goes on unless it is conclusive (near-exact),
+so the best acceptable candidate across tiers is served (services/tiers/node/matcher.py decides).
+The in-process steps come first and are all a local-only lookup (`get_local`) may use. A hit below L1
+is copied into the tiers above it (`promote`); a peer's hit is tier "l2" with `remote` set; a step
+behind the L3 breaker that is refused or fails marks the lookups it was asked for `degraded` (served
+from L1/L2 only). Executed by `TierReads` (reads.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class Query:
     model: str | None = None
     tolerance: float | None = None
     trace_id: str | None = None
+    # The request's text, when the lookup came by text: the match guards compare it with the prompts.
+    text: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,9 @@ class Lookup:
     # The hit came from another node's L2 (tier "l2"), the block server at `peer`.
     remote: bool = False
     peer: str | None = None
+    # A miss the learned decision wants explored: ask the model and report whether its answer agrees
+    # with this entry's (POST /v1/feedback with explored true). `similarity` is the candidate's.
+    explore_key: str | None = None
 
     @property
     def hit(self) -> bool:
@@ -88,11 +95,19 @@ class Found(NamedTuple):  # a tuple: built on the in-process fast path
     peer: str | None = None  # a peer's block server (host:port) when the hit is remote
 
 
+class Offer(NamedTuple):
+    """A semantic candidate a step found; the match decision picks among a query's offers."""
+
+    entry: Entry
+    similarity: float
+    step: Step
+
+
 class Walk:
     """One lookup (`batched` False) or a batch walking the plan: which queries are still open, what was
     found, which were degraded."""
 
-    __slots__ = ("_open", "batched", "degraded", "found", "left", "queries")
+    __slots__ = ("_open", "batched", "degraded", "explore", "found", "left", "offers", "queries")
 
     def __init__(self, queries: Sequence[Query], *, batched: bool) -> None:
         self.queries = queries
@@ -103,6 +118,8 @@ class Walk:
         # False once answered, or once every step that could answer it was asked (a fused call).
         self._open = [True] * n
         self.left = n  # how many are still open: at 0 the walk stops
+        self.offers: dict[int, list[Offer]] = {}  # semantic candidates, decided when the walk ends
+        self.explore: dict[int, Offer] = {}  # the candidate to explore, for a miss the decision explores
 
     def todo(self, step: Step) -> list[int]:
         """The queries `step` may still answer: open, and holding what it needs (key or embedding)."""
@@ -127,6 +144,9 @@ class Walk:
         if self._open[i]:
             self._open[i] = False
             self.left -= 1
+
+    def offer(self, i: int, step: Step, entry: Entry, similarity: float) -> None:
+        self.offers.setdefault(i, []).append(Offer(entry, similarity, step))
 
     def asked(self, i: int, step: Step, ran: bool) -> None:
         """`step` was asked for query `i`; a guarded step that did not run degrades the answer."""

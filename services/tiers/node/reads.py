@@ -22,8 +22,9 @@ from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import AccessRecord, Outbox
-from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Query, Step, Walk
+from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Offer, Query, Step, Walk
 from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
 
 log = logging.getLogger(__name__)
@@ -78,8 +79,11 @@ class TierReads:
         l3_candidates: int = 4,
         max_pending_l3_writes: int = 10_000,
         peers: RemoteL2 | None = None,
+        matcher: Matcher | None = None,
     ) -> None:
         self.l1 = l1
+        # Which semantic candidate a lookup serves, and which neighbours a write makes stale.
+        self.matcher = matcher if matcher is not None else Matcher(default_tolerance=l1.default_tolerance)
         self.l2 = l2
         self.l3 = l3
         self.peers = peers
@@ -151,6 +155,14 @@ class TierReads:
         if cached is not None:
             return cached.meta
         return self.l2.peek_meta(key) if self.l2 is not None else None
+
+    async def entry_meta(self, key: str) -> EntryMeta | None:
+        """The descriptor facts under `key`, from this node's tiers or else L3; no access is counted."""
+        meta = self._local_meta(key)
+        if meta is None and self.l3 is not None:
+            _, entry = await self._l3_call(self.l3.get, key, self.wall_ms())
+            meta = None if entry is None else entry.meta
+        return meta
 
     def _drop_local(self, key: str, reason: str) -> bool:
         dropped = self.l1.remove(key, reason)
@@ -254,12 +266,14 @@ class TierReads:
         model: str | None = None,
         tolerance: float | None = None,
         trace_id: str | None = None,
+        text: str | None = None,
     ) -> Lookup:
+        """`text`: the request's text when `embedding` is its embedding (the guards need it)."""
         if key is None and embedding is None:
             raise ValueError("a lookup needs a key, an embedding, or both")
         started = self.perf_ns()
         vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
-        walk = Walk((Query(key, vec, model, tolerance, trace_id),), batched=False)
+        walk = Walk((Query(key, vec, model, tolerance, trace_id, text),), batched=False)
         await self._walk(walk)
         return self._answers(walk, started)[0]
 
@@ -309,6 +323,36 @@ class TierReads:
                         await self._l3_semantic(step, walk, todo, self.l3)
                 case _:
                     raise AssertionError(f"no probe for {step}")
+        self._decide(walk)
+
+    def _offer(self, walk: Walk, i: int, step: Step, entry: Entry, similarity: float) -> None:
+        """A semantic candidate for query `i`; a conclusive one (near-exact, served) ends its walk."""
+        q = walk.queries[i]
+        walk.offer(i, step, entry, similarity)
+        if self.matcher.conclusive(q.text, entry.meta, similarity, q.tolerance):
+            walk.close(i)
+
+    def _decide(self, walk: Walk) -> None:
+        """The best acceptable candidate across tiers for every query the exact steps left unanswered
+        (matching/decision.py's `best_candidate`); it is promoted as its step says."""
+        for i, offers in walk.offers.items():
+            if walk.found[i] is not None:
+                continue  # an exact key beats every semantic candidate
+            q = walk.queries[i]
+            offers = list({o.entry.key: o for o in reversed(offers)}.values())  # a key once: its fastest tier
+            cands = [self.matcher.candidate(o.entry.meta, o.similarity, o.step.tier) for o in offers]
+            result = self.matcher.best(q.text, cands, key=q.key, tolerance=q.tolerance)
+            if result.candidate is None:
+                continue
+            chosen = offers[next(j for j, c in enumerate(cands) if c is result.candidate)]
+            if result.served:
+                if chosen.step.source == "l1":
+                    self.l1.note_semantic_hit(chosen.entry.key)
+                else:
+                    self._promote(chosen.step, chosen.entry)
+                walk.hit(i, chosen.step, chosen.entry, chosen.similarity)
+            elif result.verdict == "explore":
+                walk.explore[i] = chosen
 
     def _l1_exact(self, step: Step, walk: Walk, todo: list[int]) -> None:
         qs = walk.queries
@@ -326,14 +370,15 @@ class TierReads:
         for i in todo:
             groups.setdefault((qs[i].model, qs[i].tolerance), []).append(i)
         for (model, tolerance), idx in groups.items():
-            hits = self.l1.get_semantic_many(
+            found = self.l1.semantic_candidates(
                 np.stack([qs[i].embedding for i in idx]),  # type: ignore[misc]
-                tolerance=tolerance,
+                min_similarity=self.matcher.min_similarity(tolerance),
+                entry_floor=self.matcher.entry_floors,
                 model=model,
             )
-            for i, near in zip(idx, hits, strict=True):
-                if near is not None:
-                    walk.hit(i, step, near.value, near.similarity)
+            for i, near in zip(idx, found, strict=True):
+                for hit in near:
+                    self._offer(walk, i, step, hit.value, hit.similarity)
 
     def _l2_exact(self, step: Step, walk: Walk, todo: list[int]) -> None:
         for i in todo:
@@ -364,19 +409,24 @@ class TierReads:
             q = qs[i]
             if step.fused_with_next and q.embedding is not None and l3.semantic:
                 ran, found = await self._l3_call(
-                    l3.find,
+                    l3.find_neighbours,
                     q.key,
                     q.embedding,
                     now,
                     model=q.model,
-                    tolerance=q.tolerance,
+                    min_similarity=self.matcher.min_similarity(q.tolerance),
                     candidates=self.l3_candidates,
                 )
                 walk.asked(i, step, ran)
                 walk.close(i)  # both L3 legs were asked
                 if found is not None:
-                    self._promote(step, found[0])
-                    walk.hit(i, step, found[0], found[2], match=found[1])
+                    exact, near = found
+                    if exact is not None:
+                        self._promote(step, exact)
+                        walk.hit(i, step, exact, 1.0)
+                    semantic = PLAN[PLAN.index(step) + 1]
+                    for match in near:
+                        walk.offer(i, semantic, match.entry, match.similarity)
                 return
             ran, row = await self._l3_call(l3.get, q.key, now)
             rows = {q.key: row} if row is not None else None
@@ -394,19 +444,18 @@ class TierReads:
             q = walk.queries[i]
             results.append(
                 await self._l3_call(
-                    l3.search,
+                    l3.neighbours,
                     q.embedding,
                     self.wall_ms(),
                     model=q.model,
-                    tolerance=q.tolerance,
+                    min_similarity=self.matcher.min_similarity(q.tolerance),
                     candidates=self.l3_candidates,
                 )
             )
-        for i, (ran, match) in zip(todo, results, strict=True):
+        for i, (ran, near) in zip(todo, results, strict=True):
             walk.asked(i, step, ran)
-            if match is not None:
-                self._promote(step, match.entry)
-                walk.hit(i, step, match.entry, match.similarity)
+            for match in near or ():
+                self._offer(walk, i, step, match.entry, match.similarity)
 
     def _answers(self, walk: Walk, started_ns: int) -> list[Lookup]:
         out = []
@@ -424,6 +473,7 @@ class TierReads:
                     walk.degraded[i],
                     q.trace_id,
                     None if f is None else f.peer,
+                    walk.explore.get(i),
                 )
             )
         return out
@@ -440,6 +490,7 @@ class TierReads:
         degraded: bool,
         trace_id: str | None,
         peer: str | None = None,
+        explore: Offer | None = None,
     ) -> Lookup:
         latency_us = (self.perf_ns() - started_ns) / 1e3
         c = self.counters
@@ -451,6 +502,14 @@ class TierReads:
             self.outbox.access(
                 AccessRecord(record_key, False, latency_us / 1e3, self.wall_ms(), trace_id=trace_id)
             )
+            if explore is not None:
+                return Lookup(
+                    None,
+                    similarity=explore.similarity,
+                    latency_us=latency_us,
+                    degraded=degraded,
+                    explore_key=explore.entry.key,
+                )
             return Lookup(None, latency_us=latency_us, degraded=degraded)
         c.hits[f"{tier}:{match}" + (":remote" if peer is not None else "")] += 1
         c.remote_hits += peer is not None

@@ -2,7 +2,9 @@
 reads.py, walking the lookup plan of plan.py) plus writes, L3 write-behind, events and stats.
 
 - put (write-with-sync, seed §1.3): L3 first (the store of record), then L1 and L2; entries on this
-  node at least `similarity_tolerance` similar go at once; a `CacheInvalidated` (key, embedding,
+  node at least `similarity_tolerance` similar go at once, unless the match guards say the two prompts
+  ask different questions (matcher.py `same_question`: "How do I not reset my password?" leaves "How do
+  I reset my password?" alone); a `CacheInvalidated` (key, embedding,
   threshold, trace id) is queued for every node, and again `double_delete_delay_ms` later (delayed
   double delete, seed §4.4). Access records are queued for `cache.access.v1`. Nothing here waits on
   Kafka: the outbox is drained by the service.
@@ -17,6 +19,8 @@ import logging
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy.typing as npt
+
 from schemas.events import (
     CacheInvalidated,
     ConversationEnded,
@@ -28,6 +32,7 @@ from schemas.events import (
     new_event_id,
 )
 from services.tiers.entry import Entry, EntryMeta
+from services.tiers.l1.vector_index import normalize
 from services.tiers.node.plan import Lookup, Query
 from services.tiers.node.reads import TierReads
 from services.tiers.ports import L3Rejected
@@ -85,10 +90,11 @@ class TieredCache(TierReads):
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
         if meta.embedding is not None:
-            dropped = self._similar_local(meta.embedding, threshold) - {meta.key}
+            dropped = self._stale_neighbours(meta.embedding, threshold, meta.prompt_text) - {meta.key}
             for key in dropped:
                 self._drop_local(key, "invalidated")
         self._drop_local(meta.key, "replaced")
+        self.matcher.forget(meta.key)
         tiers = self._admit(entry)
         if persisted:
             tiers = (*tiers, "l3")
@@ -105,9 +111,24 @@ class TieredCache(TierReads):
                 origin_node_id=self.node_id,
                 attempt=1,
                 occurred_at_ms=now,
+                prompt_text=meta.prompt_text if meta.embedding is not None else None,
             )
         )
         return PutResult(meta.key, len(blob), tiers, persisted, tuple(sorted(dropped)), now)
+
+    def _stale_neighbours(self, embedding: npt.ArrayLike, threshold: float, text: str | None) -> set[str]:
+        """Local entries a write of prompt `text` at `embedding` makes stale: at least `threshold`
+        similar, and asking the same question (no guard fires when both prompts are known)."""
+        q = normalize(embedding)[0]
+        stale = set()
+        for key in self._similar_local(embedding, threshold):
+            meta = self._local_meta(key)
+            if meta is None or meta.embedding is None:
+                continue
+            sim = float(normalize(meta.embedding)[0] @ q)
+            if self.matcher.same_question(text, meta, min(sim, 1.0), threshold):
+                stale.add(key)
+        return stale
 
     async def _persist(self, entry: Entry) -> bool:
         """Write to L3 now if the breaker allows; otherwise queue it (bounded) for `flush_pending`."""
@@ -131,6 +152,7 @@ class TieredCache(TierReads):
     async def delete(self, key: str) -> bool:
         """Drop `key` everywhere (L3 too) and tell every node (delayed double delete included)."""
         existed = self._drop_local(key, "deleted")
+        self.matcher.forget(key)
         pending = self._pending.pop(key, "absent")
         if pending not in ("absent", None):
             existed = True
@@ -180,14 +202,17 @@ class TieredCache(TierReads):
     # --- events from other nodes and services ---------------------------------------------------
 
     def on_invalidated(self, event: CacheInvalidated) -> list[str]:
-        """Drop local entries at least `similarity_threshold` similar to the written embedding, and the
-        key itself unless this node wrote it (or already holds this write or a newer one)."""
+        """Drop local entries at least `similarity_threshold` similar to the written embedding that ask
+        the same question (the guards, when the event carries the written prompt), and the key itself
+        unless this node wrote it (or already holds this write or a newer one)."""
         self.counters.invalidations_received += 1
         candidates = {event.key}
         if event.embedding is not None and event.similarity_threshold is not None and self.dim is not None:
             if len(event.embedding) == self.dim:
                 try:
-                    candidates |= self._similar_local(event.embedding, event.similarity_threshold)
+                    candidates |= self._stale_neighbours(
+                        event.embedding, event.similarity_threshold, event.prompt_text
+                    )
                 except ValueError:  # a zero vector has no cosine: the exact key still goes
                     log.warning("invalidation with an unusable embedding", extra={"key": event.key})
             else:
@@ -196,6 +221,8 @@ class TieredCache(TierReads):
                     extra={"key": event.key, "dim": len(event.embedding)},
                 )
         own = event.origin_node_id == self.node_id
+        if not own:
+            self.matcher.forget(event.key)  # its labels were about the value before this write
         dropped = []
         for key in candidates:
             if key == event.key:

@@ -47,6 +47,7 @@ def _refusal(meta: EntryMeta, dim: int | None, semantic: bool) -> str | None:
         meta.key,
         meta.model,
         meta.trace_id,
+        meta.prompt_text,
         *meta.context_dependency_ids,
         *meta.semantic_tags,
         *meta.semantic_tags.values(),
@@ -143,6 +144,28 @@ class MemoryL3(L3Store):
         self._call()
         return {k: e for k in keys if (e := self.rows.get(k)) is not None and self._live(e, now_ms)}
 
+    def _scored(
+        self, embedding: npt.ArrayLike, now_ms: int, model: str | None, candidates: int
+    ) -> list[tuple[float, Entry]]:
+        """The `candidates` nearest live entries (of `model`), best first."""
+        query = np.asarray(embedding, dtype=np.float32).reshape(-1)
+        if self.dim is not None and query.shape[0] != self.dim:
+            raise ValueError(f"embedding has {query.shape[0]} dimensions; L3 stores {self.dim}")
+        q = _unit_or_none(query)
+        if q is None:
+            return []
+        scored = []
+        for e in self.rows.values():
+            if e.meta.embedding is None or not self._live(e, now_ms):
+                continue
+            if model is not None and e.meta.model != model:
+                continue
+            unit_e = _unit_or_none(e.meta.embedding)
+            if unit_e is not None:
+                scored.append((float(unit_e @ q), e))
+        scored.sort(key=lambda t: -t[0])
+        return scored[:candidates]
+
     async def search(
         self,
         embedding: npt.ArrayLike,
@@ -155,26 +178,25 @@ class MemoryL3(L3Store):
         self._call()
         if not self.semantic:
             return None
-        query = np.asarray(embedding, dtype=np.float32).reshape(-1)
-        if self.dim is not None and query.shape[0] != self.dim:
-            raise ValueError(f"embedding has {query.shape[0]} dimensions; L3 stores {self.dim}")
-        q = _unit_or_none(query)
-        if q is None:
-            return None
-        scored = []
-        for e in self.rows.values():
-            if e.meta.embedding is None or not self._live(e, now_ms):
-                continue
-            if model is not None and e.meta.model != model:
-                continue
-            unit_e = _unit_or_none(e.meta.embedding)
-            if unit_e is not None:
-                scored.append((float(unit_e @ q), e))
-        scored.sort(key=lambda t: -t[0])
-        for sim, e in scored[:candidates]:
+        for sim, e in self._scored(embedding, now_ms, model, candidates):
             if sim >= max(tolerance or 0.0, e.meta.similarity_tolerance):
                 return SemanticMatch(e, sim)
         return None
+
+    async def neighbours(
+        self,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        *,
+        model: str | None = None,
+        min_similarity: float = 0.0,
+        candidates: int = 4,
+    ) -> list[SemanticMatch]:
+        self._call()
+        if not self.semantic:
+            return []
+        found = self._scored(embedding, now_ms, model, candidates)
+        return [SemanticMatch(e, sim) for sim, e in found if sim >= min_similarity]
 
     async def delete(self, key: str) -> bool:
         self._call()

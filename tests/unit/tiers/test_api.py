@@ -252,3 +252,57 @@ async def test_text_lookup_without_an_embedder_is_503() -> None:
             await client.lookup(text="hello")
         assert err.value.status == 503
         assert not (await client.lookup(key="k")).hit  # everything else still works
+
+
+async def test_a_put_by_text_keeps_its_prompt_for_the_guards(raw: httpx.AsyncClient) -> None:
+    body = {"value": {"text": "Settings > Reset"}, "model": "m", "embed_text": "reset my password"}
+    assert (await raw.put("/v1/entries/pw", json=body)).status_code == 201
+    got = (await raw.post("/v1/lookup", json={"key": "pw"})).json()
+    assert got["descriptor"]["prompt_text"] == "reset my password"
+    # WordEmbedder puts the two 0.97 apart (same first word); the negation guard refuses the trap.
+    trap = (await raw.post("/v1/lookup", json={"text": "reset not my password"})).json()
+    assert not trap["hit"]
+    para = (await raw.post("/v1/lookup", json={"text": "reset my password, please"})).json()
+    assert (para["hit"], para["key"], para["match"]) == (True, "pw", "semantic")
+
+
+async def test_feedback_is_recorded_for_the_entry(raw: httpx.AsyncClient) -> None:
+    vec = unit(RNG, DIM)
+    body = {"value": {"text": "v"}, "model": "m", "embedding": vec.tolist()}
+    assert (await raw.put("/v1/entries/k", json=body)).status_code == 201
+    near = at_cosine(RNG, vec, 0.95).tolist()
+    served = (await raw.post("/v1/lookup", json={"embedding": near})).json()
+    assert served["hit"] and served["explore_key"] is None
+    response = await raw.post("/v1/feedback", json={"key": "k", "embedding": near, "correct": False})
+    assert response.status_code == 200, response.text
+    out = response.json()
+    assert out["similarity"] == pytest.approx(0.95, abs=1e-4) and out["labels"] == 1
+    assert out["threshold"] > out["similarity"] and not out["correct"]
+    assert not (await raw.post("/v1/lookup", json={"embedding": near})).json()["hit"]
+    by_text = await raw.post("/v1/feedback", json={"key": "k", "text": "hello there", "correct": True})
+    assert by_text.status_code == 200 and by_text.json()["labels"] == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"key": "nope", "embedding": [1.0] * DIM, "correct": True}, 404),
+        ({"key": "k", "correct": True}, 422),  # neither text nor embedding
+        ({"key": "k", "text": "hi", "embedding": [1.0] * DIM, "correct": True}, 422),
+        ({"key": "k", "text": "hi"}, 422),  # no verdict
+        ({"key": "k", "text": "hi", "correct": "maybe"}, 422),
+        ({"key": "k", "text": "hi", "correct": True, "extra": 1}, 422),
+        ({"key": "", "text": "hi", "correct": True}, 422),
+        ({"key": "k", "embedding": [1.0] * (DIM + 1), "correct": True}, 422),
+        ({"key": "k", "text": "x" * 201, "correct": True}, 413),
+        ({"key": "plain", "text": "hi", "correct": True}, 422),  # matched by key only: no embedding
+    ],
+)
+async def test_bad_feedback_gets_a_clear_4xx(
+    raw: httpx.AsyncClient, body: dict[str, object], status: int
+) -> None:
+    vec = unit(RNG, DIM).tolist()
+    await raw.put("/v1/entries/k", json={"value": {"text": "v"}, "model": "m", "embedding": vec})
+    await raw.put("/v1/entries/plain", json={"value": {"text": "v"}, "model": "m"})
+    response = await raw.post("/v1/feedback", json=body)
+    assert response.status_code == status, response.text

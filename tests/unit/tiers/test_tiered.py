@@ -133,19 +133,34 @@ async def test_exact_key_goes_before_the_embedding() -> None:
         await rig.cache.get()
 
 
-async def test_an_answer_in_memory_never_waits_on_l3() -> None:
+async def test_a_conclusive_answer_in_memory_never_waits_on_l3() -> None:
     rig = make()
     base = unit(RNG, DIM)
     await rig.cache.put(meta("in-l1", base), encode_text("semantic", model="m"))
     rig.l3.rows["only-in-l3"] = stored("only-in-l3", "exact", rig.clock)
     calls = rig.l3.calls
-    got = await rig.cache.get("only-in-l3", at_cosine(RNG, base, 0.97))
+    got = await rig.cache.get("only-in-l3", at_cosine(RNG, base, 0.998))  # near-exact: conclusive
     assert (got.tier, got.match, text_of(got.entry)) == ("l1", "semantic", "semantic")
     assert rig.l3.calls == calls
-    batch = await rig.cache.get_many([Query(key="only-in-l3", embedding=at_cosine(RNG, base, 0.97))])
+    batch = await rig.cache.get_many([Query(key="only-in-l3", embedding=at_cosine(RNG, base, 0.998))])
     assert (batch[0].tier, batch[0].match) == ("l1", "semantic") and rig.l3.calls == calls
     exact = await rig.cache.get("only-in-l3", at_cosine(RNG, base, 0.5))
     assert (exact.tier, exact.match, text_of(exact.entry)) == ("l3", "exact", "exact")
+
+
+async def test_an_exact_key_in_l3_beats_a_weaker_semantic_hit_in_l1() -> None:
+    # Was: the walk stopped at L1's 0.97 candidate (issue 13: the first tier's, not the best).
+    rig = make()
+    base = unit(RNG, DIM)
+    await rig.cache.put(meta("in-l1", base), encode_text("semantic", model="m"))
+    rig.l3.rows["only-in-l3"] = stored("only-in-l3", "exact", rig.clock)
+    got = await rig.cache.get("only-in-l3", at_cosine(RNG, base, 0.97))
+    assert (got.tier, got.match, text_of(got.entry)) == ("l3", "exact", "exact")
+    rig.l3.rows["also-in-l3"] = stored("also-in-l3", "exact", rig.clock)
+    (batch,) = await rig.cache.get_many([Query(key="also-in-l3", embedding=at_cosine(RNG, base, 0.97))])
+    assert (batch.tier, batch.match, text_of(batch.entry)) == ("l3", "exact", "exact")
+    no_key = await rig.cache.get(embedding=at_cosine(RNG, base, 0.97))  # nothing better below: L1's
+    assert (no_key.tier, no_key.match, no_key.entry.key) == ("l1", "semantic", "in-l1")  # type: ignore[union-attr]
 
 
 async def test_put_writes_every_tier_and_queues_the_invalidation_twice() -> None:

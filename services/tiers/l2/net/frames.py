@@ -282,6 +282,7 @@ def decode_located(payload: bytes) -> Located:
             created_at_ms=int(d["created_at_ms"]),
             updated_at_ms=int(d["updated_at_ms"]),
             size_bytes=int(d["size_bytes"]),
+            prompt_text=None if d.get("prompt_text") is None else str(d["prompt_text"]),
         )
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ProtocolError(f"FIND descriptor is malformed: {exc!r}") from None

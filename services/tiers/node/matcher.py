@@ -1,0 +1,144 @@
+"""The node's match decision (matching/decision.py) over its entries: which semantic candidate a lookup
+serves, the per-entry feedback it learns from, and whether a write makes a neighbour stale.
+
+Default (`delta` None): a fixed cosine floor plus the guards. The floor is the stricter of the request's
+`tolerance` and the entry's `similarity_tolerance` (0.92 unless the writer set another); the guards
+(negation, numbers/dates/units, entities, opposites) veto a candidate when both the request's text and
+the entry's prompt text are known; a lookup by embedding alone skips them. Feedback is recorded per
+entry: an entry rated wrong at similarity s is not served at or below s again.
+Learned (`delta` set): matching/threshold.py's threshold at that δ, explored with its probability; an
+entry's tolerance is then a floor only when it differs from the node's default (a stored default would
+cap the learned threshold at the old fixed one). The learner's state lives in this process only.
+Semantic invalidation always uses the fixed rule (the write's threshold plus the guards): a write must
+never leave more stale neighbours behind than the threshold allows.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from matching.decision import NEAR_EXACT, Candidate, MatchDecision, MatchResult
+from matching.threshold import EntryThreshold, ThresholdLearner
+from services.tiers.entry import EntryMeta
+
+_TIER_RANK = {"l1": 0, "l2": 1, "l3": 2}
+
+
+def _fixed_decision() -> MatchDecision:
+    # A learner that never warms (min_labels unreachable) and serves from 0: the floor decides. Its
+    # draw is 1.0, never below explore_rate, so it never explores.
+    learner = ThresholdLearner(cold_threshold=0.0, min_labels=sys.maxsize, explore_rate=1.0)
+    return MatchDecision(learner, lambda: 1.0)
+
+
+class Matcher:
+    """One node's decision; `delta` None is the default fixed floor + guards."""
+
+    def __init__(
+        self,
+        *,
+        delta: float | None = None,
+        default_tolerance: float = 0.92,
+        seed: int = 0,
+        max_states: int = 100_000,
+    ) -> None:
+        self.delta = delta
+        self.default_tolerance = default_tolerance
+        self.max_states = max_states
+        if delta is None:
+            self.decision = _fixed_decision()
+        else:
+            self.decision = MatchDecision(ThresholdLearner(delta=delta), random.Random(seed).random)
+        self._invalidation = _fixed_decision()
+        self._states: OrderedDict[str, EntryThreshold] = OrderedDict()
+
+    @property
+    def learned(self) -> bool:
+        return self.delta is not None
+
+    # --- what the tiers search for -----------------------------------------------------------------
+
+    def min_similarity(self, tolerance: float | None) -> float:
+        """The lowest cosine a tier need return as a candidate for a request with `tolerance`."""
+        low = 0.0 if tolerance is None else tolerance
+        return max(low, self.decision.learner.explore_floor) if self.learned else low
+
+    @property
+    def entry_floors(self) -> bool:
+        """Whether a tier may drop candidates below the entry's own tolerance before the decision."""
+        return not self.learned
+
+    def candidate(self, meta: EntryMeta, similarity: float, tier: str) -> Candidate:
+        floor: float | None = meta.similarity_tolerance
+        if self.learned and abs(meta.similarity_tolerance - self.default_tolerance) < 1e-6:
+            floor = None
+        return Candidate(
+            meta.key,
+            meta.prompt_text or "",
+            float(similarity),
+            _TIER_RANK.get(tier, 3),
+            floor,
+            self._states.get(meta.key),
+        )
+
+    # --- lookups -----------------------------------------------------------------------------------
+
+    def conclusive(
+        self, text: str | None, meta: EntryMeta, similarity: float, tolerance: float | None
+    ) -> bool:
+        """A served candidate no other tier can beat (near-exact): the walk stops here."""
+        if similarity < NEAR_EXACT:
+            return False
+        return self.decision.decide(
+            text or "", self.candidate(meta, similarity, "l1"), tolerance=tolerance
+        ).conclusive
+
+    def best(
+        self,
+        text: str | None,
+        candidates: Sequence[Candidate],
+        *,
+        key: str | None = None,
+        tolerance: float | None = None,
+    ) -> MatchResult:
+        return self.decision.best_candidate(text or "", candidates, request_key=key, tolerance=tolerance)
+
+    # --- feedback ----------------------------------------------------------------------------------
+
+    def feedback(
+        self, meta: EntryMeta, similarity: float, correct: bool, *, explored: bool = False
+    ) -> EntryThreshold:
+        """Record whether `meta`'s entry was the right answer at `similarity`; returns its state."""
+        state = self._states.get(meta.key)
+        if state is None:
+            state = self._states[meta.key] = EntryThreshold()
+            while len(self._states) > self.max_states:
+                self._states.popitem(last=False)
+        self._states.move_to_end(meta.key)
+        cand = Candidate(meta.key, meta.prompt_text or "", float(similarity), state=state)
+        self.decision.feedback(cand, correct, explored=explored)
+        return state
+
+    def threshold(self, meta: EntryMeta, tolerance: float | None = None) -> float:
+        """The similarity a candidate of this entry needs now (for reports)."""
+        serve_from, _ = self.decision.learner.thresholds(self._states.get(meta.key))
+        floor = self.candidate(meta, 0.0, "l1").similarity_tolerance
+        floors = [t for t in (floor, tolerance, serve_from) if t is not None]
+        return max(floors)
+
+    def forget(self, key: str) -> None:
+        """The entry was rewritten or dropped: its labels were about another answer."""
+        self._states.pop(key, None)
+
+    # --- semantic invalidation ---------------------------------------------------------------------
+
+    def same_question(
+        self, written: str | None, neighbour: EntryMeta, similarity: float, threshold: float
+    ) -> bool:
+        """Whether a write of prompt `written` makes `neighbour` (at `similarity`) stale: at or above
+        `threshold`, and no guard fires when both prompts are known."""
+        cand = Candidate(neighbour.key, neighbour.prompt_text or "", float(similarity), 0, threshold)
+        return self._invalidation.decide(written or "", cand).served

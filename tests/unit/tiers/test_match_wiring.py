@@ -1,0 +1,173 @@
+"""The match decision inside the tier node, on fake ports: the guards on lookups by text (real MiniLM
+embeddings of the password prompts of issue 13), the best candidate across tiers, semantic invalidation
+that spares a neighbour asking the opposite question (on the writing node and on receiving ones),
+per-entry feedback, and the learned decision behind a δ."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from policies.recency.lru import LRU
+from schemas.events import CacheInvalidated, HeatScored
+from services.tiers.entry import EntryMeta, encode_text
+from services.tiers.l1.cache import L1Cache
+from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.store import L2Store
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.matcher import Matcher
+from services.tiers.node.outbox import Outbox
+from services.tiers.node.tiered import Query, TieredCache
+from services.tiers.settings import TiersSettings
+from tests.unit.tiers.fakes import Clock, MemoryL3, at_cosine, unit
+from tests.unit.tiers.minilm import DIM, NOT_RESET, PARAPHRASE, RESET, REWORDED, embed
+
+RNG = np.random.default_rng(13)
+ORIGINAL, NEGATED = "faq:pw-reset", "faq:pw-not-reset"
+
+
+@dataclass
+class Rig:
+    cache: TieredCache
+    l3: MemoryL3
+    clock: Clock
+
+
+def make(node: str = "a", matcher: Matcher | None = None) -> Rig:
+    clock = Clock()
+    l3 = MemoryL3(clock=clock)
+    cache = TieredCache(
+        l1=L1Cache(dim=DIM, capacity_bytes=1 << 20, max_entries=64, policy=LRU(1 << 20), clock=clock),
+        l2=L2Store(BlockPool(8, xp=np, clock=clock), dim=DIM),
+        l3=l3,
+        outbox=Outbox(clock=clock),
+        breaker=LatencyBreaker(clock=clock),
+        node_id=node,
+        wall_ms=clock,
+        perf_ns=clock.ns,
+        matcher=matcher,
+    )
+    return Rig(cache, l3, clock)
+
+
+def asked(key: str, text: str) -> EntryMeta:
+    """An entry written by text: its embedding and its prompt."""
+    return EntryMeta(key=key, kind="prompt", model="m", embedding=embed(text), prompt_text=text)
+
+
+async def put(rig: Rig, key: str, text: str) -> tuple[str, ...]:
+    result = await rig.cache.put(asked(key, text), encode_text(f"answer to {text}", model="m"))
+    return result.invalidated_local
+
+
+def evict_locally(rig: Rig, key: str) -> None:
+    rig.cache.on_heat(HeatScored(key=key, score=0.0, decision="evict", model_version=1))
+
+
+async def test_the_negation_trap_is_a_miss_by_text_and_a_paraphrase_a_hit() -> None:
+    rig = make()
+    await put(rig, ORIGINAL, RESET)
+    trap = await rig.cache.get(embedding=embed(NOT_RESET), text=NOT_RESET)
+    assert not trap.hit  # 0.928 >= 0.92, but the negation guard vetoes it
+    para = await rig.cache.get(embedding=embed(PARAPHRASE), text=PARAPHRASE)
+    assert (para.hit, para.tier, para.match) == (True, "l1", "semantic")
+    assert para.entry is not None and para.entry.key == ORIGINAL
+    # By embedding alone there is no text to guard: the threshold decides (documented).
+    blind = await rig.cache.get(embedding=embed(NOT_RESET))
+    assert blind.entry is not None and blind.entry.key == ORIGINAL
+
+
+async def test_the_negated_write_spares_the_original_and_a_paraphrase_replaces_it() -> None:
+    rig = make()
+    await put(rig, ORIGINAL, RESET)
+    assert await put(rig, NEGATED, NOT_RESET) == ()  # was ("faq:pw-reset",): issue 14
+    assert ORIGINAL in rig.cache.l1 and NEGATED in rig.cache.l1
+    event = [e for e in rig.cache.outbox.take_due() if isinstance(e, CacheInvalidated)][-1]
+    assert (event.key, event.prompt_text) == (NEGATED, NOT_RESET)
+    # A true paraphrase makes the original stale; the negated neighbour (0.924) stays.
+    assert await put(rig, "faq:pw-reset-2", PARAPHRASE) == (ORIGINAL,)
+    assert ORIGINAL not in rig.cache.l1 and NEGATED in rig.cache.l1
+    assert rig.cache.stats()["invalidated_entries"] == 1
+
+
+async def test_after_both_puts_the_original_question_gets_the_original_answer_from_l3() -> None:
+    rig = make()
+    await put(rig, ORIGINAL, RESET)
+    await put(rig, NEGATED, NOT_RESET)
+    evict_locally(rig, ORIGINAL)  # L1 and L2 now hold only the negated entry
+    for text in (RESET, None):  # by text (the guard vetoes L1's) and by embedding alone (L3's is better)
+        got = await rig.cache.get(embedding=embed(RESET), text=text)
+        assert got.entry is not None and (got.entry.key, got.tier) == (ORIGINAL, "l3")
+        assert got.similarity is not None and got.similarity > 0.999
+        evict_locally(rig, ORIGINAL)  # the hit was promoted; take it out again for the next round
+    reworded = await rig.cache.get(embedding=embed(REWORDED), text=REWORDED)
+    assert reworded.entry is not None and reworded.entry.key == ORIGINAL
+
+
+async def test_a_receiving_node_drops_only_neighbours_that_ask_the_same_question() -> None:
+    rig = make(node="b")
+    await put(rig, ORIGINAL, RESET)
+
+    def written(key: str, text: str, prompt: str | None) -> CacheInvalidated:
+        emb = embed(text).astype(float).tolist()
+        return CacheInvalidated(
+            key=key, embedding=emb, similarity_threshold=0.92, origin_node_id="a", prompt_text=prompt
+        )
+
+    assert rig.cache.on_invalidated(written(NEGATED, NOT_RESET, NOT_RESET)) == []
+    assert ORIGINAL in rig.cache.l1
+    assert rig.cache.on_invalidated(written("p", PARAPHRASE, PARAPHRASE)) == [ORIGINAL]
+    await put(rig, ORIGINAL, RESET)
+    # A write without its prompt (by embedding): the threshold alone, as before.
+    assert rig.cache.on_invalidated(written(NEGATED, NOT_RESET, None)) == [ORIGINAL]
+
+
+async def test_the_best_candidate_across_tiers_wins_and_is_promoted() -> None:
+    rig = make()
+    base = unit(RNG, DIM)
+    for key, cos in (("strong", 0.99), ("weak", 0.93)):
+        m = EntryMeta(key=key, kind="prompt", model="m", embedding=at_cosine(RNG, base, cos))
+        await rig.cache.put(m, encode_text(key, model="m"), invalidate_threshold=1.0)
+    evict_locally(rig, "strong")
+    got = await rig.cache.get(embedding=base)
+    assert got.entry is not None and (got.entry.key, got.tier) == ("strong", "l3")
+    assert "strong" in rig.cache.l1  # promoted: the next lookup is answered from memory
+    (again,) = await rig.cache.get_many([Query(embedding=base)])
+    assert again.entry is not None and (again.entry.key, again.tier) == ("strong", "l1")
+
+
+async def test_feedback_that_an_entry_was_wrong_stops_it_serving_at_that_similarity() -> None:
+    rig = make()
+    base = unit(RNG, DIM)
+    m = EntryMeta(key="k", kind="prompt", model="m", embedding=base)
+    await rig.cache.put(m, encode_text("v", model="m"))
+    near = at_cosine(RNG, base, 0.95)
+    served = await rig.cache.get(embedding=near)
+    assert served.hit and served.similarity is not None
+    rig.cache.matcher.feedback(m, served.similarity, correct=False)  # a user says: wrong answer
+    assert not (await rig.cache.get(embedding=near)).hit
+    assert (await rig.cache.get(embedding=at_cosine(RNG, base, 0.97))).hit
+    assert rig.cache.matcher.threshold(m) > 0.95
+    await rig.cache.put(m, encode_text("new answer", model="m"))  # a rewrite forgets the labels
+    assert (await rig.cache.get(embedding=near)).hit
+
+
+async def test_a_delta_switches_on_the_learned_decision() -> None:
+    rig = make(matcher=Matcher(delta=0.02, default_tolerance=0.92, seed=1))
+    base = unit(RNG, DIM)
+    await rig.cache.put(
+        EntryMeta(key="k", kind="prompt", model="m", embedding=base), encode_text("v", model="m")
+    )
+    # Cold: served only from matching/threshold.py's cold threshold (0.97), explored below it.
+    results = [await rig.cache.get(embedding=at_cosine(RNG, base, 0.95)) for _ in range(20)]
+    assert not any(r.hit for r in results)
+    assert {r.explore_key for r in results} == {None, "k"}
+    assert (await rig.cache.get(embedding=at_cosine(RNG, base, 0.98))).hit
+    assert TiersSettings().match_delta is None
+
+
+def test_the_match_delta_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CACHEMESH_TIERS_MATCH_DELTA", "0.05")
+    assert TiersSettings().match_delta == 0.05
