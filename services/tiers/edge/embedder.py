@@ -3,7 +3,9 @@
 
 Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()`
 loads in a worker thread, or the first `embed()` does. Encoding runs in a worker thread too, one batch
-at a time, so the event loop keeps serving.
+at a time, so the event loop keeps serving; texts asked for while a batch is encoding wait for the next
+batch together (one model call for many concurrent lookups), and the vectors of recent texts are kept
+(`cache_entries`), so a repeated text is not embedded again.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -55,7 +58,9 @@ def load_sentence_transformer(threads: int = 1, device: str = "cpu") -> Any:
 class Embedder:
     """Lazily loaded MiniLM; `embed` returns unit-norm float32 rows."""
 
-    def __init__(self, *, threads: int = 1, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(
+        self, *, threads: int = 1, device: str = "cpu", batch_size: int = 64, cache_entries: int = 10_000
+    ) -> None:
         self.threads = threads
         self.device = device
         self.batch_size = batch_size
@@ -65,8 +70,13 @@ class Embedder:
         self.load_seconds: float | None = None
         self._model: Any = None
         self._lock = threading.Lock()
-        self._encode_lock = asyncio.Lock()
         self._loading: asyncio.Future[Any] | None = None
+        self.cache_entries = cache_entries
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> unit vector, oldest first
+        self._waiting: list[tuple[list[str], asyncio.Future[np.ndarray]]] = []
+        self._draining: asyncio.Task[None] | None = None
+        self.encoded_texts = 0  # texts the model encoded (cache misses)
+        self.batches = 0
 
     def _load_blocking(self) -> Any:
         with self._lock:
@@ -113,16 +123,64 @@ class Embedder:
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
         """(len(texts), 384) float32, unit norm."""
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        found: dict[str, np.ndarray] = {}
+        for text in dict.fromkeys(texts):
+            if text in self._cache:
+                self._cache.move_to_end(text)
+                found[text] = self._cache[text]
+        missing = [t for t in dict.fromkeys(texts) if t not in found]
+        if missing:
+            done: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+            self._waiting.append((missing, done))
+            if self._draining is None or self._draining.done():
+                self._draining = asyncio.create_task(self._drain())
+            for text, vector in zip(missing, await done, strict=True):
+                found[text] = vector
+                self._remember(text, vector)
+        return np.stack([found[t] for t in texts])
+
+    def _remember(self, text: str, vector: np.ndarray) -> None:
+        if self.cache_entries <= 0:
+            return
+        self._cache[text] = vector
+        self._cache.move_to_end(text)
+        while len(self._cache) > self.cache_entries:
+            self._cache.popitem(last=False)
+
+    async def _drain(self) -> None:
+        """Encode what is waiting, all of it in one model call, until nothing waits."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            texts = list(dict.fromkeys(t for wanted, _ in batch for t in wanted))
+            try:
+                vectors = await self._encode(texts)
+            except BaseException as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            row = {t: vectors[i] for i, t in enumerate(texts)}
+            self.encoded_texts += len(texts)
+            self.batches += 1
+            for wanted, done in batch:
+                if not done.done():
+                    done.set_result(np.stack([row[t] for t in wanted]))
+
+    async def _encode(self, texts: list[str]) -> np.ndarray:
+        """The model call (a worker thread)."""
         model = await self.model()
-        async with self._encode_lock:
-            vectors = await asyncio.to_thread(
-                model.encode,
-                list(texts),
-                batch_size=self.batch_size,
-                normalize_embeddings=True,
-                convert_to_numpy=True,
-                show_progress_bar=False,
-            )
+        vectors = await asyncio.to_thread(
+            model.encode,
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         return np.asarray(vectors, dtype=np.float32)
 
     def embed_blocking(self, texts: Sequence[str]) -> np.ndarray:
@@ -138,4 +196,12 @@ class Embedder:
         return np.asarray(vectors, dtype=np.float32)
 
     def health(self) -> dict[str, Any]:
-        return {"model": MODEL_NAME, "state": self.state, "error": self.error, "load_s": self.load_seconds}
+        return {
+            "model": MODEL_NAME,
+            "state": self.state,
+            "error": self.error,
+            "load_s": self.load_seconds,
+            "cached_texts": len(self._cache),
+            "encoded_texts": self.encoded_texts,
+            "batches": self.batches,
+        }

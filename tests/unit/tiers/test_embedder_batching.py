@@ -1,0 +1,69 @@
+"""The embedder's cache and micro-batching, with the model call replaced by a counting stand-in (the
+model itself is exercised by the tests that load MiniLM)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from services.tiers.edge.embedder import DIM, Embedder
+
+
+class CountingEmbedder(Embedder):
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.calls: list[list[str]] = []
+        self.gate = asyncio.Event()
+        self.gate.set()
+
+    async def _encode(self, texts: list[str]) -> np.ndarray:
+        self.calls.append(texts)
+        await self.gate.wait()
+        rows = np.zeros((len(texts), DIM), dtype=np.float32)
+        for i, t in enumerate(texts):
+            rows[i, len(t) % DIM] = 1.0
+        return rows
+
+
+async def test_a_repeated_text_is_not_embedded_again() -> None:
+    e = CountingEmbedder()
+    first = await e.embed(["how do I reset my password?", "hello"])
+    again = await e.embed(["hello", "how do I reset my password?", "hello"])
+    assert e.calls == [["how do I reset my password?", "hello"]]
+    assert np.array_equal(again[1], first[0]) and np.array_equal(again[0], again[2])
+    assert e.health()["cached_texts"] == 2 and e.health()["encoded_texts"] == 2
+
+
+async def test_concurrent_lookups_share_one_model_call() -> None:
+    e = CountingEmbedder()
+    e.gate.clear()
+    first = asyncio.create_task(e.embed(["a"]))
+    await asyncio.sleep(0)  # the first batch is encoding: the next ones wait for the batch after it
+    rest = [asyncio.create_task(e.embed([f"q{i}", "shared"])) for i in range(20)]
+    await asyncio.sleep(0)
+    e.gate.set()
+    results = await asyncio.gather(first, *rest)
+    assert e.calls[0] == ["a"]
+    assert len(e.calls) == 2 and sorted(e.calls[1]) == sorted([*(f"q{i}" for i in range(20)), "shared"])
+    assert all(r.shape == (2, DIM) for r in results[1:])
+
+
+async def test_the_cache_is_bounded_and_a_failure_reaches_every_waiter() -> None:
+    e = CountingEmbedder(cache_entries=3)
+    for t in ("a", "bb", "ccc", "dddd"):
+        await e.embed([t])
+    assert e.health()["cached_texts"] == 3
+    await e.embed(["a"])
+    assert e.calls[-1] == ["a"], "the oldest text was forgotten"
+
+    class Broken(CountingEmbedder):
+        async def _encode(self, texts: list[str]) -> np.ndarray:
+            raise RuntimeError("model down")
+
+    b = Broken()
+    outcomes = await asyncio.gather(b.embed(["x"]), b.embed(["y"]), return_exceptions=True)
+    assert all(isinstance(o, RuntimeError) for o in outcomes)
+    with pytest.raises(RuntimeError):
+        await b.embed(["z"])
