@@ -30,6 +30,7 @@ from typing import Any
 
 import faust
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP, EventT, StreamT
 from prometheus_client import CollectorRegistry
@@ -248,8 +249,10 @@ class StreamsApp:
             return
         if self._rewind and not self.app.rebalancing:
             rewind, self._rewind = self._rewind, []
-            for tp in rewind:
-                await self.app.consumer.seek(tp, 0)
+            # seek_wait, not seek: it runs in faust's consumer thread (a seek from this one raced the
+            # fetcher there: KeyError in aiokafka's fetched_records, the worker crashed) and it drops
+            # faust's read offset for the partition, which would otherwise skip the records again.
+            await self.app.consumer.seek_wait(dict.fromkeys(rewind, 0))
         async with self._lock:
             closing = self.ingest.close(self.clock(), self.caught_up(), self.source_count)
             with tracing.producer_span(self.names.handoff):
@@ -500,13 +503,20 @@ class StreamsApp:
         admin = AIOKafkaAdminClient(
             bootstrap_servers=self.settings.kafka.bootstrap, client_id="cachemesh-streams-recovery"
         )
-        await admin.start()
+        topics = {self.names.access, self.names.kv, self.names.handoff}
         try:
+            await admin.start()
             committed = await admin.list_consumer_group_offsets(self.names.app_id)
+        except (KafkaError, OSError) as exc:
+            # tansu answers this request in a form aiokafka cannot parse. Reading every partition again
+            # is safe (both stages skip what they applied, by offset); it only costs the re-read.
+            log.warning(
+                "committed offsets unavailable; reading every partition again", extra={"error": repr(exc)}
+            )
+            return sorted(tp for tp in assigned if tp.topic in topics)
         finally:
             await admin.close()
         starts = {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()}
-        topics = {self.names.access, self.names.kv, self.names.handoff}
         return sorted(
             tp for tp in assigned if tp.topic in topics and starts.get((tp.topic, tp.partition), -1) <= 0
         )
