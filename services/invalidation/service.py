@@ -79,7 +79,11 @@ class InvalidationService(Service):
         assert self._index is not None
         s = self.invalidation_settings
         walk = DependencyWalk(
-            trigger.roots, max_depth=s.max_depth, max_dependants=s.max_dependants, root_vias=trigger.root_vias
+            trigger.roots,
+            max_depth=s.max_depth,
+            max_dependants=s.max_dependants,
+            root_vias=trigger.root_vias,
+            changed_at_ms=trigger.occurred_at_ms,
         )
         while (query := walk.next_query()) is not None:
             walk.add(await self._index.dependants(query.ids, query.vias, query.limit))
@@ -87,6 +91,7 @@ class InvalidationService(Service):
 
     def _count(self, trigger: Trigger, cascade: Cascade) -> None:
         self.counters["cascades"] += 1
+        self.counters[f"cascades_{trigger.cause}"] = self.counters.get(f"cascades_{trigger.cause}", 0) + 1
         self.counters["dependants"] += len(cascade.keys)
         CASCADES.labels(trigger.cause).inc()
         DEPENDANTS.labels(trigger.cause).inc(len(cascade.keys))

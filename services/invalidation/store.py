@@ -18,22 +18,29 @@ class PostgresDependencyIndex:
         self.consumer_group = consumer_group
         self.batch_ids = batch_ids
 
-    async def dependants(self, ids: Sequence[str], vias: Sequence[Via], limit: int) -> list[str]:
-        """Distinct entries naming any of `ids` through `vias`, at most `limit` of them. Orphaned edges
-        count: their entry may have just been deleted by a tier node, and what depends on it must go."""
-        found: dict[str, None] = {}
+    async def dependants(
+        self, ids: Sequence[str], vias: Sequence[Via], limit: int
+    ) -> list[tuple[str, int | None]]:
+        """Distinct entries naming any of `ids` through `vias`, at most `limit` of them, with when each
+        was last written. Orphaned edges count (written None): their entry may have just been deleted
+        by a tier node, and what depends on it must still go."""
+        found: dict[str, int | None] = {}
         for start in range(0, len(ids), self.batch_ids):
             if len(found) >= limit:
                 break
             rows = await self.db.fetch(
-                "SELECT DISTINCT dependant FROM cache_dependency_edges "
-                "WHERE depends_on = ANY($1::text[]) AND via = ANY($2::text[]) LIMIT $3",
+                "SELECT e.dependant, max(d.updated_at_ms) AS updated_at_ms FROM cache_dependency_edges e "
+                "LEFT JOIN cache_descriptors d ON d.key = e.dependant "
+                "WHERE e.depends_on = ANY($1::text[]) AND e.via = ANY($2::text[]) "
+                "GROUP BY e.dependant LIMIT $3",
                 list(ids[start : start + self.batch_ids]),
                 list(vias),
-                limit - len(found),
+                # The full limit each time: rows repeated across batches must not hide the rest.
+                limit,
             )
-            found.update((r["dependant"], None) for r in rows)
-        return list(found)[:limit]
+            for r in rows:
+                found.setdefault(r["dependant"], r["updated_at_ms"])
+        return list(found.items())[:limit]
 
     async def processed(self, event_id: str) -> bool:
         """True when this event's cascade was carried out before (a redelivery after a restart)."""
@@ -50,7 +57,7 @@ class PostgresDependencyIndex:
         if not keys:
             return 0
         status = await self.db.execute(
-            "DELETE FROM cache_descriptors WHERE key = ANY($1::text[]) AND updated_at_ms < $2",
+            "DELETE FROM cache_descriptors WHERE key = ANY($1::text[]) AND updated_at_ms <= $2",
             list(keys),
             older_than_ms,
         )

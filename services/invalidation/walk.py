@@ -41,11 +41,11 @@ class Cascade:
 class DependencyWalk:
     """Feed it the answer to each `next_query()` with `add()` until `next_query()` returns None.
 
-    Roots never become dependants (a cycle back to a freshly written key stops there). Each query asks
-    for `room + len(visited) + 1` rows: an answer shorter than that is complete, and a full one holds at
-    least `room + 1` unvisited keys, so the bound is detected exactly while memory stays within about
-    twice `max_dependants`. Past `max_depth` one more query with no room tells whether anything was
-    left behind.
+    Roots never become dependants (a cycle back to a freshly written key stops there), and neither do
+    entries written after `changed_at_ms` (nor what hangs only on them). Each query asks for
+    `room + len(visited) + 1` rows: an answer shorter than that is complete, and a full one holds at
+    least `room + 1` unvisited keys, so the bound is detected while memory stays within about twice
+    `max_dependants`. Past `max_depth` one more query with no room tells whether anything was left.
     """
 
     def __init__(
@@ -55,12 +55,14 @@ class DependencyWalk:
         max_depth: int,
         max_dependants: int,
         root_vias: tuple[Via, ...] = ("dependency",),
+        changed_at_ms: int | None = None,
     ) -> None:
         if max_depth < 1 or max_dependants < 1:
             raise ValueError("max_depth and max_dependants must be positive")
         self.max_depth = max_depth
         self.max_dependants = max_dependants
         self._root_vias = root_vias
+        self._changed_at_ms = changed_at_ms
         self._visited: set[str] = set(roots)
         self._found: list[str] = []
         self._frontier: list[str] = list(dict.fromkeys(roots))
@@ -82,13 +84,29 @@ class DependencyWalk:
         self._asked = Query(tuple(self._frontier), vias, room + len(self._visited) + 1, room, bound)  # type: ignore[arg-type]
         return self._asked
 
-    def add(self, dependants: Iterable[str]) -> None:
+    def add(self, dependants: Iterable[tuple[str, int | None]]) -> None:
+        """The answer: (key, when its entry was last written; None when it is gone already)."""
         asked, self._asked = self._asked, None
         if asked is None:
             raise RuntimeError("no query is outstanding")
-        rows = list(dict.fromkeys(dependants))[: asked.limit]
-        new = [k for k in rows if k not in self._visited]
-        if len(new) > asked.room:
+        rows = list(dict(dependants).items())[: asked.limit]
+        new: list[str] = []
+        for key, updated_at_ms in rows:
+            if key in self._visited:
+                continue
+            if (
+                self._changed_at_ms is not None
+                and updated_at_ms is not None
+                and updated_at_ms > self._changed_at_ms
+            ):
+                # Written after the change, so from what the change left: neither it nor what hangs on
+                # it is stale. Visited, so it is not weighed again.
+                self._visited.add(key)
+                continue
+            new.append(key)
+        # A full answer holds more than `room` new keys, unless fresh ones took their place: then the
+        # cut may have hidden stale ones, and the bound is declared conservatively.
+        if len(new) > asked.room or len(rows) >= asked.limit:
             self._bound = asked.bound
             new = new[: asked.room]
         self._level += 1

@@ -12,7 +12,13 @@ from services.invalidation.walk import Cascade, DependencyWalk, Query, Via
 class FakeIndex:
     """`edges[(depends_on, via)]` = the entries that depend on it; answers like the SQL does."""
 
-    def __init__(self, deps: Mapping[str, Sequence[str]], traces: Mapping[str, Sequence[str]] = {}) -> None:
+    def __init__(
+        self,
+        deps: Mapping[str, Sequence[str]],
+        traces: Mapping[str, Sequence[str]] = {},
+        written: Mapping[str, int] = {},
+    ) -> None:
+        self.written = written
         self.edges: dict[tuple[str, Via], list[str]] = {}
         for dependant, on in deps.items():
             for d in on:
@@ -21,13 +27,13 @@ class FakeIndex:
             self.edges[(dependant_trace, "trace")] = list(keys)
         self.queries: list[Query] = []
 
-    def answer(self, q: Query) -> list[str]:
+    def answer(self, q: Query) -> list[tuple[str, int | None]]:
         self.queries.append(q)
         out: dict[str, None] = {}
         for i in q.ids:
             for via in q.vias:
                 out.update((k, None) for k in self.edges.get((i, via), ()))
-        return list(out)[: q.limit]
+        return [(k, self.written.get(k)) for k in list(out)[: q.limit]]
 
 
 def walk(index: FakeIndex, roots: Sequence[str], depth: int = 16, most: int = 1000, **kw: object) -> Cascade:
@@ -89,6 +95,23 @@ def test_a_trace_root_follows_trace_edges_only_at_the_first_level() -> None:
 def test_several_roots_walk_as_one() -> None:
     cascade = walk(FakeIndex({"a": ["row:o/1"], "b": ["row:o/2"], "c": ["a", "b"]}), ["row:o/1", "row:o/2"])
     assert set(cascade.keys) == {"a", "b", "c"} and cascade.depth == 2
+
+
+def test_entries_written_after_the_change_stay_and_so_does_what_hangs_only_on_them() -> None:
+    deps = {"old": ["root"], "new": ["root"], "on-new": ["new"], "on-both": ["new", "old"]}
+    index = FakeIndex(deps, written={"old": 90, "new": 110, "on-new": 95, "on-both": 95})
+    cascade = walk(index, ["root"], changed_at_ms=100)
+    assert cascade.keys == ("old", "on-both") and cascade.depth == 2
+    # Without a change time (or written at it) everything goes.
+    assert set(walk(index, ["root"]).keys) == set(deps)
+    assert "new" in walk(FakeIndex(deps, written={"new": 100}), ["root"], changed_at_ms=100).keys
+
+
+def test_fresh_keys_filling_a_full_answer_declare_the_bound_conservatively() -> None:
+    deps = {f"f{i}": ["root"] for i in range(10)} | {"stale": ["root"]}
+    index = FakeIndex(deps, written={f"f{i}": 200 for i in range(10)})
+    cascade = walk(index, ["root"], most=3, changed_at_ms=100)
+    assert cascade.bound == "max_dependants"
 
 
 def test_max_depth_stops_the_walk_and_says_so() -> None:
