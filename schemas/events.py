@@ -196,6 +196,35 @@ class ConversationEnded(Event):
     trace_id: Key
 
 
+# --- source.changes.v1 -------------------------------------------------------------------------
+
+
+def source_dependency_id(source: str, row_id: str) -> str:
+    """The dependency id an entry lists (`context_dependency_ids`) to die with a source row:
+    `row:<source>/<id>`, e.g. `row:orders/42`."""
+    return f"row:{source}/{row_id}"
+
+
+class SourceChanged(Event):
+    """Rows of the application's source of truth changed: every entry listing
+    `row:<source>/<id>` among its `context_dependency_ids` goes, and what depends on it, transitively."""
+
+    topic: ClassVar[str] = "source.changes.v1"
+    key_field: ClassVar[str] = "source"
+    type: Literal["source.changed"] = "source.changed"
+
+    source: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[^/]+$")]
+    ids: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=256)]],
+        Field(min_length=1, max_length=MAX_KEYS_PER_EVENT),
+    ]
+    reason: Annotated[str, Field(min_length=1, max_length=200)] = "update"
+    producer: str | None = None
+
+    def dependency_ids(self) -> list[str]:
+        return [source_dependency_id(self.source, i) for i in dict.fromkeys(self.ids)]
+
+
 # --- heat.scores.v1 ----------------------------------------------------------------------------
 
 
@@ -402,6 +431,39 @@ class ShardPlanned(Event):
     steps: Annotated[int, Field(ge=0)]
 
 
+# --- invalidation.records.v1 -------------------------------------------------------------------
+
+InvalidationCause = Literal["invalidated", "conversation_ended", "source_changed"]
+WalkBound = Literal["max_depth", "max_dependants"]
+
+
+class InvalidationRecorded(Event):
+    """What the invalidation service removed and why: the dependants of `roots` (a written key, an
+    ended conversation, changed source rows), one record per eviction command (`chunk` of `chunks`)."""
+
+    topic: ClassVar[str] = "invalidation.records.v1"
+    key_field: ClassVar[str] = "root"
+    type: Literal["invalidation.recorded"] = "invalidation.recorded"
+
+    root: Key
+    cause: InvalidationCause
+    reason: Annotated[str, Field(max_length=200)] | None = None
+    roots: Annotated[list[Key], Field(min_length=1, max_length=MAX_KEYS_PER_EVENT)]
+    source_event_id: str
+    keys: Annotated[list[Key], Field(max_length=MAX_KEYS_PER_EVENT)]
+    chunk: Annotated[int, Field(ge=0)] = 0
+    chunks: Annotated[int, Field(ge=1)] = 1
+    dependants: Annotated[int, Field(ge=0)]
+    # The deepest level that yielded dependants (1: entries naming a root directly).
+    depth: Annotated[int, Field(ge=0)]
+    # True when a bound stopped the walk: some dependants may remain.
+    truncated: bool = False
+    bound: WalkBound | None = None
+    command_event_id: str | None = None
+    node_id: Key = "*"
+    l3_deleted: Annotated[int, Field(ge=0)] = 0
+
+
 AnyEvent = Annotated[
     CacheAccessed
     | KvBlockStored
@@ -421,7 +483,9 @@ AnyEvent = Annotated[
     | WarmupDecided
     | WarmupMeasured
     | WarmupApplied
-    | ShardPlanned,
+    | ShardPlanned
+    | SourceChanged
+    | InvalidationRecorded,
     Field(discriminator="type"),
 ]
 
@@ -447,6 +511,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         WarmupMeasured,
         WarmupApplied,
         ShardPlanned,
+        SourceChanged,
+        InvalidationRecorded,
     )
 }
 

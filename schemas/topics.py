@@ -42,6 +42,18 @@ CATALOGUE: tuple[Topic, ...] = (
     Topic("stream.drift.v1", "cluster id", 3, "delete", DAY_MS, "streams", "warmup, dashboards"),
     Topic("tier.commands.v1", "node id", 3, "delete", DAY_MS, "warmup, invalidation, heat", "tiers"),
     Topic("warmup.records.v1", "shard / node id", 3, "delete", DAY_MS, "warmup, tiers", "dashboards, bench"),
+    Topic(
+        "source.changes.v1", "source", 3, "delete", 7 * DAY_MS, "applications, any producer", "invalidation"
+    ),
+    Topic(
+        "invalidation.records.v1",
+        "root key / trace",
+        3,
+        "delete",
+        7 * DAY_MS,
+        "invalidation",
+        "dashboards, bench",
+    ),
 )
 
 DLQ_RETENTION_MS = 14 * DAY_MS
