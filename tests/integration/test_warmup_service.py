@@ -30,7 +30,7 @@ from services.tiers.entry import EntryMeta, encode_text
 from services.warmup.service import WarmupService
 from services.warmup.settings import WarmupSettings
 from tests.integration.conftest import kafka_settings_for
-from tests.integration.nodes import running
+from tests.integration.nodes import running, until
 
 pytestmark = pytest.mark.integration
 
@@ -77,21 +77,14 @@ def pulse(cluster: str, shard: str, keys: list[str], at_ms: int) -> DriftCluster
 
 
 async def _collect(
-    reader: AIOKafkaConsumer, until: Callable[[list[Event]], bool], timeout_s: float
+    reader: AIOKafkaConsumer, enough: Callable[[list[Event]], bool], timeout_s: float
 ) -> list[Event]:
     seen: list[Event] = []
     deadline = time.monotonic() + timeout_s
-    while not until(seen) and time.monotonic() < deadline:
+    while not enough(seen) and time.monotonic() < deadline:
         for records in (await reader.getmany(timeout_ms=200)).values():
             seen += [decode(r.value) for r in records]
     return seen
-
-
-async def _until(condition: Callable[[], bool], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_a_pulse_in_the_band_is_warmed_and_one_outside_is_held(
@@ -115,7 +108,7 @@ async def test_a_pulse_in_the_band_is_warmed_and_one_outside_is_held(
         await publisher.publish(window("a", t0 - 1000, 120))
         await publisher.publish(window("b", t0 - 1000, 500))
         # Windows and clusters travel on different topics: let the windows land first.
-        await _until(lambda: {"a", "b"} <= set(service.planner.windows), 60)
+        await until(lambda: {"a", "b"} <= set(service.planner.windows), 60, 0.05)
         await publisher.publish(pulse("ca", "a", ["a1", "a2", "a3"], t0))
         await publisher.publish(pulse("cb", "b", ["b1"], t0))
         # The peak of shard a comes 1 s after the warmup start; the horizon closes at 10 s.
@@ -160,7 +153,7 @@ async def test_delta_t_is_published_and_the_ftl_fit_survives_a_restart(
     async with WarmupService(settings) as first:
         runner = asyncio.create_task(first.run())
         await publisher.publish(window("a", t0 - 1000, 120))
-        await _until(lambda: "a" in first.planner.windows, 60)
+        await until(lambda: "a" in first.planner.windows, 60, 0.05)
         await publisher.publish(pulse("ca", "a", ["a1"], t0))
         for i in range(12):
             await publisher.publish(window("a", t0 + i * 1000, 190 if i == 2 else 80), wait=False)
@@ -173,7 +166,7 @@ async def test_delta_t_is_published_and_the_ftl_fit_survives_a_restart(
                     wait=False,
                 )
         measured = await _collect(reader, lambda s: any(isinstance(e, WarmupMeasured) for e in s), 60)
-        await _until(lambda: first.events_applied >= 814, 60)
+        await until(lambda: first.events_applied >= 814, 60, 0.05)
         fit = first.planner.ftl.fits["7b"].params()
         first.request_stop()
         await runner
@@ -208,7 +201,7 @@ async def test_head_heat_becomes_a_shard_plan_and_rising_heat_warms_semantic_nei
     t0 = time.time_ns() // 1_000_000
     async with running(node_settings("writer")) as writer, WarmupService(settings) as service:
         runner = asyncio.create_task(service.run())
-        await _until(lambda: all(c.health()["assigned"] for c in service._consumers), 60)
+        await until(lambda: all(c.health()["assigned"] for c in service._consumers), 60, 0.05)
         assert writer.cache is not None
         for key, noise in zip(keys, (0.0, 0.1, 0.2, 5.0), strict=True):
             vec = base + noise * rng.normal(size=384).astype(np.float32)
@@ -216,7 +209,7 @@ async def test_head_heat_becomes_a_shard_plan_and_rising_heat_warms_semantic_nei
                 EntryMeta(key=key, kind="prompt", model="m", embedding=vec), encode_text(key, model="m")
             )
         await publisher.publish(window("*", t0 - 1000, 120))
-        await _until(lambda: "*" in service.planner.windows, 60)
+        await until(lambda: "*" in service.planner.windows, 60, 0.05)
         # Head 2 swings, heads 0 and 1 hold still: a plan with head 2 hot.
         for step in range(8):
             heat = [0.5, 0.5 + 0.01 * (step % 2), float(step % 2)]
@@ -224,7 +217,7 @@ async def test_head_heat_becomes_a_shard_plan_and_rising_heat_warms_semantic_nei
                 AttentionHeatReported(block_hash="b", model="m", step=step, head_heat=heat)
             )
         await publisher.publish(HeatScored(key=keys[0], score=0.1, decision="keep", occurred_at_ms=t0))
-        await _until(lambda: service.events_applied >= 10, 60)
+        await until(lambda: service.events_applied >= 10, 60, 0.05)
         await publisher.publish(HeatScored(key=keys[0], score=0.8, decision="keep", occurred_at_ms=t0 + 100))
 
         def done(seen: list[Event]) -> bool:
