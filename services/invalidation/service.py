@@ -9,14 +9,15 @@ import logging
 from contextlib import AsyncExitStack
 from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
-from schemas.events import CacheInvalidated, ConversationEnded, SourceChanged
+from schemas.events import CacheInvalidated, ConversationEnded, SourceChanged, now_ms
 from services.invalidation.cascade import Trigger, eviction_commands, records, trigger_of
 from services.invalidation.settings import InvalidationSettings
 from services.invalidation.store import PostgresDependencyIndex
 from services.invalidation.walk import Cascade, DependencyWalk
 from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.postgres import Database, count_processed, prune_processed
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ CASCADES = Counter("cachemesh_invalidation_cascades_total", "Triggering events w
 DEPENDANTS = Counter("cachemesh_invalidation_dependants_total", "Dependants evicted", ["cause"])
 TRUNCATED = Counter("cachemesh_invalidation_truncated_total", "Walks stopped by a bound", ["bound"])
 REDELIVERED = Counter("cachemesh_invalidation_redelivered_total", "Events skipped as carried out before")
+INBOX_ROWS = Gauge("cachemesh_invalidation_inbox_rows", "Event ids kept in processed_events for dedup")
 
 
 class InvalidationService(Service):
@@ -35,21 +37,44 @@ class InvalidationService(Service):
         self.invalidation_settings = settings
         self._publisher: EventPublisher | None = None
         self._index: PostgresDependencyIndex | None = None
+        self._db: Database | None = None
+        self.inbox_rows: int | None = None
         self.counters: dict[str, int] = {"cascades": 0, "dependants": 0, "truncated": 0, "redelivered": 0}
 
     async def open(self, stack: AsyncExitStack) -> None:
         s = self.invalidation_settings
-        db = await self.open_database(stack)
+        db = self._db = await self.open_database(stack)
         self._index = PostgresDependencyIndex(db, s.group_id, batch_ids=s.query_batch_ids)
         self._publisher = await self.open_publisher(stack)
         topics = [CacheInvalidated.topic, ConversationEnded.topic, SourceChanged.topic]
         await self.open_consumer(stack, topics, s.group_id, self._handle, self._publisher)
 
     def loops(self) -> list[Loop]:
-        return [self._collect_orphans]
+        return [self._collect_orphans, self._prune_inbox]
 
     async def checks(self) -> dict[str, Any]:
-        return dict(self.counters)
+        return {**self.counters, "inbox_rows": self.inbox_rows}
+
+    async def prune_inbox_once(self) -> int:
+        """Forget inbox rows past the retention, batch by batch; returns how many went."""
+        s = self.invalidation_settings
+        assert self._db is not None
+        cutoff = now_ms() - s.inbox_retention_ms
+        pruned = 0
+        while True:
+            n = await prune_processed(self._db, s.group_id, cutoff, s.inbox_prune_batch)
+            pruned += n
+            if n < s.inbox_prune_batch:
+                break
+            await asyncio.sleep(0)  # let the consumer's transactions in between batches
+        self.inbox_rows = await count_processed(self._db, s.group_id)
+        INBOX_ROWS.set(self.inbox_rows)
+        return pruned
+
+    async def _prune_inbox(self) -> None:
+        while True:
+            await asyncio.sleep(self.invalidation_settings.inbox_prune_interval_s)
+            await self.prune_inbox_once()
 
     async def _handle(self, delivery: Delivery) -> None:
         trigger = trigger_of(delivery.event)

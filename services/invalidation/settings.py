@@ -28,3 +28,8 @@ class InvalidationSettings(ServiceSettings):
     edge_gc_interval_s: Annotated[float, Field(gt=0)] = 60.0
     edge_gc_grace_ms: Annotated[int, Field(ge=0)] = 600_000
     edge_gc_batch: Annotated[int, Field(gt=0)] = 10_000
+    # The inbox (`processed_events`) keeps an event id as long as its event can come back: the longest
+    # retention of the topics consumed (context.lifecycle.v1: 7 days). Pruned in batches.
+    inbox_retention_ms: Annotated[int, Field(gt=0)] = 7 * 24 * 3_600_000
+    inbox_prune_interval_s: Annotated[float, Field(gt=0)] = 60.0
+    inbox_prune_batch: Annotated[int, Field(gt=0)] = 1_000

@@ -162,6 +162,26 @@ async def mark_processed(conn: asyncpg.Connection, consumer_group: str, event_id
     return bool(status == "INSERT 0 1")
 
 
+async def prune_processed(db: Database, consumer_group: str, older_than_ms: int, batch: int = 1000) -> int:
+    """Forget inbox rows of `consumer_group` recorded before `older_than_ms`, at most `batch` of them
+    (one short statement on the age index, so consumers writing the inbox never wait long); returns
+    how many went. Call it again while it returns `batch`."""
+    status = await db.execute(
+        "DELETE FROM processed_events WHERE ctid IN (SELECT ctid FROM processed_events "
+        "WHERE consumer_group = $1 AND processed_at_ms < $2 ORDER BY processed_at_ms LIMIT $3)",
+        consumer_group,
+        older_than_ms,
+        batch,
+    )
+    return int(status.split()[-1])
+
+
+async def count_processed(db: Database, consumer_group: str) -> int:
+    return int(
+        await db.fetchval("SELECT count(*) FROM processed_events WHERE consumer_group = $1", consumer_group)
+    )
+
+
 # --- migrations ---------------------------------------------------------------------------------
 
 _MIGRATION_FILE = re.compile(

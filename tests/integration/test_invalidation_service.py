@@ -240,3 +240,33 @@ async def _send_again(kafka: Any, namespace: str, event: Event) -> None:
         await publisher.publish(event)
     finally:
         await publisher.stop()
+
+
+async def test_the_inbox_forgets_event_ids_past_the_retention_in_batches(  # type: ignore[no-untyped-def]
+    kafka, namespace, topics_on, pg_settings
+) -> None:
+    await topics_on(kafka)
+    settings = _settings(kafka, namespace, pg_settings, inbox_retention_ms=60_000, inbox_prune_batch=100)
+    now = now_ms()
+    async with invalidation(settings) as service:
+        db = service._db
+        assert db is not None
+        # 250 ids older than the retention, 30 recent ones, and 50 old ones of another group.
+        rows = [(settings.group_id, f"old-{i}", now - 3_600_000) for i in range(250)]
+        rows += [(settings.group_id, f"new-{i}", now - 1_000) for i in range(30)]
+        rows += [(f"other-{namespace}", f"old-{i}", now - 3_600_000) for i in range(50)]
+        await db.run(
+            lambda conn: conn.executemany(
+                "INSERT INTO processed_events (consumer_group, event_id, processed_at_ms) "
+                "VALUES ($1, $2, $3)",
+                rows,
+            )
+        )
+        assert await service.prune_inbox_once() == 250  # three batches of at most 100
+        assert service.inbox_rows == 30
+        assert (await service.health())["inbox_rows"] == 30
+        left = await db.fetchval(
+            "SELECT count(*) FROM processed_events WHERE consumer_group = $1", f"other-{namespace}"
+        )
+        assert left == 50, "another group's inbox is its own"
+        await db.execute("DELETE FROM processed_events WHERE consumer_group = $1", f"other-{namespace}")
