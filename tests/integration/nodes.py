@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Self
+from typing import Self, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -15,8 +15,11 @@ from aiokafka.admin import AIOKafkaAdminClient
 from schemas.events import CacheInvalidated
 from schemas.topics import qualified
 from schemas.wire import decode
+from services.runtime.service import Service
 from services.tiers.service import TiersService
 from services.tiers.settings import TiersSettings
+
+S = TypeVar("S", bound=Service)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 10.0, step_s: float = 0.001) -> float:
@@ -31,7 +34,13 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0, step_s: 
 
 @contextlib.asynccontextmanager
 async def running(settings: TiersSettings) -> AsyncIterator[TiersService]:
-    service = TiersService(settings)
+    async with serving(TiersService(settings)) as service:
+        yield service
+
+
+@contextlib.asynccontextmanager
+async def serving(service: S) -> AsyncIterator[S]:
+    """Start `service`, run it, and yield once its consumers have their partitions."""
     await service.start()
     task = asyncio.create_task(service.run())
     try:

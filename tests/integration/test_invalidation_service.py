@@ -6,9 +6,9 @@ and out of L3, leave unrelated entries alone, and say what went and why; a redel
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from services.runtime.postgres import Database
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService
 from tests.integration.conftest import kafka_settings_for
-from tests.integration.nodes import running, until
+from tests.integration.nodes import running, serving, until
 
 pytestmark = pytest.mark.integration
 
@@ -40,20 +40,8 @@ def _settings(kafka, namespace, pg_settings, **overrides) -> InvalidationSetting
     )
 
 
-@contextlib.asynccontextmanager
-async def invalidation(settings: InvalidationSettings) -> AsyncIterator[InvalidationService]:
-    service = InvalidationService(settings)
-    await service.start()
-    task = asyncio.create_task(service.run())
-    try:
-        await until(
-            lambda: all(c.health()["assigned"] for c in service._consumers), timeout_s=60, step_s=0.05
-        )
-        yield service
-    finally:
-        service.request_stop()
-        await asyncio.gather(task, return_exceptions=True)
-        await service.stop()
+def invalidation(settings: InvalidationSettings) -> AbstractAsyncContextManager[InvalidationService]:
+    return serving(InvalidationService(settings))
 
 
 class Records:
