@@ -283,6 +283,15 @@ class EventConsumer:
         finally:
             await consumer.stop()
 
+    async def wait_positioned(self) -> None:
+        """Resolve the position of every assigned partition (with `latest`: the log end now), so an
+        event published after this returns is read. For callers that must not miss what they send next
+        (tests, probes); `run` does not need it."""
+        if self._consumer is None:
+            raise RuntimeError("consumer is not started")
+        for tp in self._consumer.assignment():
+            await self._consumer.position(tp)
+
     def health(self) -> dict[str, object]:
         assignment = sorted(str(tp) for tp in self._consumer.assignment()) if self._consumer else []
         return {

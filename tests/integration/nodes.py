@@ -40,13 +40,17 @@ async def running(settings: TiersSettings) -> AsyncIterator[TiersService]:
 
 @contextlib.asynccontextmanager
 async def serving(service: S) -> AsyncIterator[S]:
-    """Start `service`, run it, and yield once its consumers have their partitions."""
+    """Start `service`, run it, and yield once its consumers have their partitions and positions."""
     await service.start()
     task = asyncio.create_task(service.run())
     try:
         await until(
             lambda: all(c.health()["assigned"] for c in service._consumers), timeout_s=60, step_s=0.05
         )
+        # A node reads commands from `latest`: resolve that now, or a command sent right after this
+        # could land before the position is fetched and be skipped (seen once under CI load).
+        for consumer in service._consumers:
+            await asyncio.wait_for(consumer.wait_positioned(), 60)
         yield service
     finally:
         service.request_stop()
