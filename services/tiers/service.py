@@ -262,12 +262,14 @@ class TiersService(Service):
         event, cache = delivery.event, self.cache
         if cache is None:
             return
+        delay_ms = self._warmup_delay_ms(event) if isinstance(event, WarmupRequested) else 0
         if isinstance(event, HeatScored):
             cache.on_heat(event)
-        elif isinstance(event, WarmupRequested) and self._warmup_delay_ms(event) > 0:
+        elif delay_ms > 0:
             # Started at its time in the background, so the commands and decisions behind it wait for
             # nothing (a prefetch lost in a crash costs only a miss).
-            task = asyncio.create_task(self._run_command(event, self._warmup_delay_ms(event)))
+            assert isinstance(event, WarmupRequested)
+            task = asyncio.create_task(self._run_command(event, delay_ms))
             self._delayed_commands.add(task)
             task.add_done_callback(self._delayed_commands.discard)
         elif isinstance(event, WarmupRequested | PromotionRequested | EvictionRequested):

@@ -356,7 +356,8 @@ class WarmupPlanner:
         n = self.budget.take(sizes, at_ms)
         dropped = len(fresh) - n
         self.budget_dropped += dropped
-        fresh, sizes = fresh[:n], sizes[:n]
+        fresh = fresh[:n]
+        size_of = dict(zip(fresh, sizes, strict=False))
         if not fresh:
             return [self._hold(source, shard, keys, at_ms, f"hold: prefetch budget spent; {why}", window)]
         by_node: dict[str, list[str]] = {}
@@ -378,11 +379,8 @@ class WarmupPlanner:
                 )
                 self.commands += 1
                 out.append(command)
-                chunk_bytes = 0
                 for k in chunk:
-                    size = self._size(k)
-                    chunk_bytes += size
-                    self.ledger.warmed(k, at_ms, source, size)
+                    self.ledger.warmed(k, at_ms, source, size_of[k])
                 out.append(
                     WarmupDecided(
                         shard=shard,
@@ -392,7 +390,7 @@ class WarmupPlanner:
                         keys=chunk,
                         node_id=target,
                         tier=command.tier,
-                        bytes=chunk_bytes,
+                        bytes=sum(size_of[k] for k in chunk),
                         command_event_id=command.event_id,
                         start_at_ms=start_ms,
                         qps=window.qps if window else None,
