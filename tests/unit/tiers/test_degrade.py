@@ -1,13 +1,16 @@
 """The degrade-to-local-only state machine (seed §4.4): enters below 85% over the window, never flaps
 around the boundary (the exit threshold, the hold, the dwell), waits for enough lookups and a whole
-window, recovers after the hold, and accounts the time spent local-only."""
+window, recovers after the hold, and accounts the time spent local-only; and its wiring in the tiered
+cache (the peers' L2 skipped while local-only)."""
 
 from __future__ import annotations
 
 import pytest
 
+from services.tiers.entry import encode_text
 from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange
-from tests.unit.tiers.fakes import Clock
+from tests.unit.tiers.fakes import Clock, FakePeers
+from tests.unit.tiers.test_tiered import make, meta, stored
 
 # Small numbers keep the tables readable: a 1 s window, ticks of 100 ms.
 CFG = DegradeConfig(
@@ -178,3 +181,44 @@ def test_observe_refuses_impossible_counts() -> None:
     guard = HitRateGuard(CFG, clock=Clock())
     with pytest.raises(ValueError):
         guard.observe(3, 2)
+
+
+async def test_a_local_only_node_stops_asking_peers_and_comes_back() -> None:
+    """The wiring in the tiered cache: the guard is fed on `check_mode` ticks; while local-only the
+    peers' L2 is skipped (counted) and L3 still answers; back in normal the peers are asked again."""
+    rig = make()
+    cache, clock = rig.cache, rig.clock
+    cache.degrade = HitRateGuard(CFG, clock=clock)
+    peers = FakePeers({"p": stored("p", "from a peer", clock)})
+    cache.peers = peers
+    rig.l3.rows["in-l3"] = stored("in-l3", "from l3", clock)
+    changes = []
+    for i in range(10):
+        for j in range(10):
+            await cache.get(f"absent-{i}-{j}")
+        clock.advance(100)
+        changes.append(cache.check_mode())
+    assert [c.mode for c in changes if c is not None] == ["local_only"]
+    assert cache.mode == "local_only" and len(peers.asked) == 100
+    hit = await cache.get("in-l3")
+    assert (hit.tier, hit.degraded) == ("l3", False), "L3 still serves; not the breaker's degraded"
+    assert not (await cache.get("p")).hit and len(peers.asked) == 100
+    stats = cache.stats()
+    assert stats["mode"] == "local_only" and stats["local_only"]["peers_skipped"] == 2
+    assert stats["local_only"]["window_hit_rate"] == 0.0 and stats["local_only"]["changes"] == 1
+    await cache.put(meta("hot"), encode_text("hot", model="m"))
+    for _ in range(15):
+        for _ in range(20):
+            await cache.get("hot")
+        clock.advance(100)
+        if (change := cache.check_mode()) is not None:
+            changes.append(change)
+    assert cache.mode == "normal" and changes[-1] is not None and changes[-1].mode == "normal"
+    assert (await cache.get("p")).remote and len(peers.asked) == 101
+    assert cache.stats()["local_only"]["local_only_ms"] == changes[-1].local_only_ms > 0
+
+
+def test_without_a_guard_the_mode_stays_normal() -> None:
+    rig = make()
+    assert rig.cache.check_mode() is None and rig.cache.mode == "normal"
+    assert rig.cache.stats()["local_only"] == {"enabled": False, "peers_skipped": 0}
