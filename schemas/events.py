@@ -431,6 +431,36 @@ class ShardPlanned(Event):
     steps: Annotated[int, Field(ge=0)]
 
 
+# --- tier.status.v1 ----------------------------------------------------------------------------
+
+TierMode = Literal["normal", "local_only"]
+
+
+class TierModeChanged(Event):
+    """A tier node changed how it serves (release safety, seed §4.4): `local_only` when its hit rate over
+    the window fell below `enter_below` (other nodes' L2 is no longer asked), `normal` once the rate held
+    at `exit_at` or above for the hold. `hit_rate`, `hits` and `lookups` are the window's at the change."""
+
+    topic: ClassVar[str] = "tier.status.v1"
+    key_field: ClassVar[str] = "node_id"
+    type: Literal["tier.mode_changed"] = "tier.mode_changed"
+
+    node_id: Key
+    mode: TierMode
+    previous_mode: TierMode
+    reason: Annotated[str, Field(max_length=300)]
+    hit_rate: Score
+    hits: Annotated[int, Field(ge=0)]
+    lookups: Annotated[int, Field(ge=0)]
+    window_ms: Annotated[int, Field(gt=0)]
+    enter_below: Score
+    exit_at: Score
+    # How long the node was in `previous_mode`; all its time local-only so far (this period included).
+    in_previous_ms: Annotated[int, Field(ge=0)]
+    local_only_ms: Annotated[int, Field(ge=0)] = 0
+    changes: Annotated[int, Field(ge=1)] = 1
+
+
 # --- invalidation.records.v1 -------------------------------------------------------------------
 
 InvalidationCause = Literal["invalidated", "conversation_ended", "source_changed"]
@@ -485,7 +515,8 @@ AnyEvent = Annotated[
     | WarmupApplied
     | ShardPlanned
     | SourceChanged
-    | InvalidationRecorded,
+    | InvalidationRecorded
+    | TierModeChanged,
     Field(discriminator="type"),
 ]
 
@@ -513,6 +544,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ShardPlanned,
         SourceChanged,
         InvalidationRecorded,
+        TierModeChanged,
     )
 }
 

@@ -54,6 +54,7 @@ CATALOGUE: tuple[Topic, ...] = (
         "invalidation",
         "dashboards, bench",
     ),
+    Topic("tier.status.v1", "node id", 3, "delete", 7 * DAY_MS, "tiers", "dashboards, bench"),
 )
 
 DLQ_RETENTION_MS = 14 * DAY_MS

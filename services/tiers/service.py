@@ -16,6 +16,7 @@ from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
 import uvicorn
+from prometheus_client import Counter, Gauge
 
 from schemas.events import (
     CacheInvalidated,
@@ -23,6 +24,7 @@ from schemas.events import (
     EvictionRequested,
     HeatScored,
     PromotionRequested,
+    TierModeChanged,
     WarmupApplied,
     WarmupRequested,
 )
@@ -39,6 +41,7 @@ from services.tiers.l2.net.transport import TcpBlockServer
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.l3.store import PostgresL3Store
+from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import TieredCache
@@ -52,6 +55,14 @@ _ACCESS_BATCH = 500
 _ACCESS_SLICE = 16
 # A failed invalidation publish is tried again after this long.
 _REPUBLISH_DELAY_MS = 500
+
+LOCAL_ONLY = Gauge(
+    "cachemesh_tiers_local_only", "1 while the node serves local-only (low hit rate)", ["node"]
+)
+WINDOW_HIT_RATE = Gauge("cachemesh_tiers_window_hit_rate", "Hit rate over the degrade window", ["node"])
+MODE_CHANGES = Counter(
+    "cachemesh_tiers_mode_changes_total", "Changes of serving mode, by mode entered", ["node", "mode"]
+)
 
 
 class _ApiServer(uvicorn.Server):
@@ -132,6 +143,7 @@ class TiersService(Service):
             l3_candidates=s.l3_candidates,
             max_pending_l3_writes=s.max_pending_l3_writes,
             matcher=Matcher(delta=s.match_delta, default_tolerance=s.default_similarity_tolerance),
+            degrade=self._degrade_guard(),
         )
         await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.
@@ -158,6 +170,21 @@ class TiersService(Service):
         if s.embedder_preload:
             # The model is a large object graph; freeze it too once it is loaded.
             self.embedder.start_loading().add_done_callback(lambda _: gc.freeze())
+
+    def _degrade_guard(self) -> HitRateGuard | None:
+        s = self.settings
+        if not s.degrade_enabled:
+            return None
+        config = DegradeConfig(
+            window_ms=s.degrade_window_ms,
+            enter_below=s.degrade_enter_below,
+            exit_at=s.degrade_exit_at,
+            hold_ms=s.degrade_hold_ms,
+            min_dwell_ms=s.degrade_min_dwell_ms,
+            min_lookups=s.degrade_min_lookups,
+        )
+        LOCAL_ONLY.labels(s.node_id).set(0)
+        return HitRateGuard(config, clock=monotonic_ms)
 
     async def _share_l2(self, stack: AsyncExitStack) -> None:
         """Serve this node's L2 pool to peers (read-only: its blocks belong to the L2 store) and connect
@@ -370,6 +397,7 @@ class TiersService(Service):
         while True:
             await asyncio.sleep(s.expire_interval_ms / 1000)
             self.cache.expire()
+            await self._check_mode()
             await self.cache.flush_pending()
             if time.monotonic() - last_l3_sweep >= s.l3_expire_interval_ms / 1000:
                 last_l3_sweep = time.monotonic()
@@ -377,6 +405,46 @@ class TiersService(Service):
                     await self.l3.delete_expired(self.cache.wall_ms())
                 except Exception as exc:  # the next sweep tries again
                     log.warning("L3 expiry sweep failed", extra={"error": repr(exc)})
+
+    async def _check_mode(self) -> None:
+        """The degrade guard's tick: the window's hit rate as a gauge; a change of mode as a metric and
+        a `TierModeChanged` event."""
+        assert self.cache is not None
+        change = self.cache.check_mode()
+        if self.cache.degrade is None:
+            return
+        node = self.settings.node_id
+        rate = self.cache.degrade.stats().window_hit_rate
+        if rate is not None:
+            WINDOW_HIT_RATE.labels(node).set(rate)
+        if change is not None:
+            LOCAL_ONLY.labels(node).set(change.mode == "local_only")
+            MODE_CHANGES.labels(node, change.mode).inc()
+            await self._publish_mode_change(change)
+
+    async def _publish_mode_change(self, change: ModeChange) -> None:
+        s, node = self.settings, self.settings.node_id
+        event = TierModeChanged(
+            node_id=node,
+            mode=change.mode,
+            previous_mode=change.previous,
+            reason=change.reason,
+            hit_rate=change.hit_rate,
+            hits=change.hits,
+            lookups=change.lookups,
+            window_ms=s.degrade_window_ms,
+            enter_below=s.degrade_enter_below,
+            exit_at=s.degrade_exit_at,
+            in_previous_ms=change.in_previous_ms,
+            local_only_ms=change.local_only_ms,
+            changes=change.changes,
+        )
+        assert self.publisher is not None
+        try:
+            await self.publisher.publish(event, wait=False)
+        except Exception as exc:  # the mode has changed anyway; the metric and the log still say so
+            self.publish_errors += 1
+            log.warning("mode change publish failed", extra={"error": repr(exc)})
 
     async def _api_ticks(self) -> None:
         if self._api is not None:
@@ -386,6 +454,7 @@ class TiersService(Service):
 
     async def checks(self) -> dict[str, Any]:
         cache = self.cache
+        guard = cache.degrade.stats() if cache is not None and cache.degrade is not None else None
         return {
             "api_serving": self._api is not None and self._api.started,
             "api": {
@@ -403,6 +472,9 @@ class TiersService(Service):
             if cache is None
             else {
                 "degraded": cache.degraded,
+                "mode": cache.mode,
+                "window_hit_rate": guard.window_hit_rate if guard is not None else None,
+                "local_only_ms": guard.local_only_ms if guard is not None else 0,
                 "l1_entries": len(cache.l1),
                 "l2_entries": len(cache.l2) if cache.l2 is not None else None,
                 "l3_breaker": cache.breaker.state,

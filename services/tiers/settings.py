@@ -1,13 +1,14 @@
 """Settings of a tier node (env prefix `CACHEMESH_TIERS_`): the API, tier capacities, L2 sharing between
-nodes, request bounds, and the release-safety knobs (delayed double delete, L3 circuit breaker; DESIGN.md
-§3, seed §4.4). A leaf: it imports nothing of the node (the peer-list parsing the L2 peers share is here)."""
+nodes, request bounds, and the release-safety knobs (delayed double delete, L3 circuit breaker, degrade to
+local-only; DESIGN.md §3, seed §4.4). A leaf: it imports nothing of the node (the peer-list parsing the
+L2 peers share is here)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
 from services.runtime.settings import ServiceSettings
@@ -112,6 +113,17 @@ class TiersSettings(ServiceSettings):
     # Writes held while L3 is unavailable (breaker open); beyond this a put is refused with 503.
     max_pending_l3_writes: Annotated[int, Field(gt=0)] = 10_000
     l3_candidates: Annotated[int, Field(gt=0, le=100)] = 4
+    # Degrade to local-only (services/tiers/node/degrade.py): below `degrade_enter_below` hit rate over
+    # the last `degrade_window_ms`, stop asking other nodes' L2; back once the rate holds at
+    # `degrade_exit_at` for `degrade_hold_ms`. No change within `degrade_min_dwell_ms` of the last one,
+    # none on fewer than `degrade_min_lookups` lookups in the window. Decided on the housekeeping tick.
+    degrade_enabled: bool = True
+    degrade_window_ms: Annotated[int, Field(gt=0)] = 30_000
+    degrade_enter_below: Annotated[float, Field(ge=0.0, le=1.0)] = 0.85
+    degrade_exit_at: Annotated[float, Field(ge=0.0, le=1.0)] = 0.90
+    degrade_hold_ms: Annotated[int, Field(ge=0)] = 10_000
+    degrade_min_dwell_ms: Annotated[int, Field(ge=0)] = 30_000
+    degrade_min_lookups: Annotated[int, Field(gt=0)] = 200
 
     # --- housekeeping ------------------------------------------------------------------------
     expire_interval_ms: Annotated[int, Field(gt=0)] = 1_000
@@ -121,6 +133,12 @@ class TiersSettings(ServiceSettings):
     # Load the model in the background right after start (False: on the first text request).
     embedder_preload: bool = True
     embedder_threads: Annotated[int, Field(gt=0)] = 1
+
+    @model_validator(mode="after")
+    def _hysteresis(self) -> TiersSettings:
+        if self.degrade_exit_at < self.degrade_enter_below:
+            raise ValueError("degrade_exit_at must be at least degrade_enter_below (the hysteresis)")
+        return self
 
     @field_validator("l2_peers", mode="before")
     @classmethod

@@ -22,6 +22,7 @@ from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.degrade import HitRateGuard
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import AccessRecord, Outbox
 from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Offer, Query, Step, Walk
@@ -51,6 +52,7 @@ class Counters:
     remote_hits: int = 0
     remote_rejected: int = 0  # found on a peer but expired or of another model
     remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
+    peers_skipped: int = 0  # lookups that did not ask the peers' L2: the node was local-only
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -80,6 +82,7 @@ class TierReads:
         max_pending_l3_writes: int = 10_000,
         peers: RemoteL2 | None = None,
         matcher: Matcher | None = None,
+        degrade: HitRateGuard | None = None,
     ) -> None:
         self.l1 = l1
         # Which semantic candidate a lookup serves, and which neighbours a write makes stale.
@@ -107,6 +110,10 @@ class TierReads:
         # Ids of tier commands applied, oldest first (TieredCache.on_command refuses a redelivery).
         self._applied_commands: dict[str, None] = {}
         self.counters = Counters()
+        # Degrade to local-only (degrade.py): while `local_only`, lookups do not ask the peers' L2.
+        self.degrade = degrade
+        self.local_only = False
+        self._seen_hits = self._seen_lookups = 0  # the counters at the guard's last tick
 
     # --- local tiers ----------------------------------------------------------------------------
 
@@ -313,7 +320,9 @@ class TierReads:
                 continue
             match step.source, step.match:
                 case "peers", "exact":
-                    if self.peers is not None:
+                    if self.peers is not None and self.local_only:
+                        self.counters.peers_skipped += len(todo)
+                    elif self.peers is not None:
                         await self._peers_exact(step, walk, todo)
                 case "l3", "exact":
                     if self.l3 is not None:

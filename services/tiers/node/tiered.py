@@ -10,6 +10,9 @@ reads.py, walking the lookup plan of plan.py) plus writes, L3 write-behind, even
   Kafka: the outbox is drained by the service.
 - L3 sits behind a latency circuit breaker (seed §4.4: open when its P99 > 150 ms); while it is open
   lookups are served from L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
+- Degrade to local-only (seed §4.4, degrade.py): when the hit rate over a window falls below 85%, lookups
+  stop asking other nodes' L2 (they serve from L1, L2 and L3) until it holds at 90% again; `check_mode`
+  feeds the guard on the service's housekeeping tick and returns the change to publish.
 - Events from other services: invalidations, heat decisions, tier commands, conversation ends.
 """
 
@@ -33,6 +36,7 @@ from schemas.events import (
 )
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.vector_index import normalize
+from services.tiers.node.degrade import Mode, ModeChange
 from services.tiers.node.plan import Lookup, Query
 from services.tiers.node.reads import TierReads
 from services.tiers.ports import L3Rejected
@@ -334,6 +338,27 @@ class TieredCache(TierReads):
     def degraded(self) -> bool:
         return self.breaker.state != "closed"
 
+    @property
+    def mode(self) -> Mode:
+        return "local_only" if self.local_only else "normal"
+
+    def check_mode(self) -> ModeChange | None:
+        """Give the degrade guard the lookups and hits since the last check; the change of mode, if any
+        (the service publishes it). Lookups read the mode, not the guard: nothing on their path."""
+        if self.degrade is None:
+            return None
+        c = self.counters
+        hits = sum(c.hits.values())
+        change = self.degrade.observe(hits - self._seen_hits, c.lookups - self._seen_lookups)
+        self._seen_hits, self._seen_lookups = hits, c.lookups
+        self.local_only = self.degrade.local_only
+        if change is not None:
+            log.warning(
+                "serving mode changed",
+                extra={"node_id": self.node_id, "mode": change.mode, "reason": change.reason},
+            )
+        return change
+
     def stats(self) -> dict[str, Any]:
         c = self.counters
         hits = sum(c.hits.values())
@@ -342,6 +367,12 @@ class TieredCache(TierReads):
             "node_id": self.node_id,
             "degraded": self.degraded,
             "serving": "l1+l2 only (L3 circuit breaker open)" if self.degraded else "l1+l2+l3",
+            "mode": self.mode,
+            "local_only": {
+                "enabled": self.degrade is not None,
+                "peers_skipped": c.peers_skipped,
+                **(asdict(self.degrade.stats()) if self.degrade is not None else {}),
+            },
             "lookups": c.lookups,
             "hits": hits,
             "misses": c.misses,
