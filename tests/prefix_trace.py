@@ -47,8 +47,9 @@ def replay_prefix_hits(trace: Trace) -> list[int]:
     return [int(result.hit_mask[starts[r] : starts[r + 1]].sum()) for r in range(len(starts) - 1)]
 
 
-def block_key(block: int) -> str:
-    return f"mooncake/{block}"
+def block_key(block: int, run: str = "") -> str:
+    """`run` keeps one test's blocks apart from another's in a shared L3."""
+    return f"mooncake/{run}{block}"
 
 
 def block_value(block: int) -> bytes:
