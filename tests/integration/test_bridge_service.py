@@ -252,3 +252,25 @@ async def test_a_killed_bridge_restarts_losing_nothing_and_doubling_nothing(
     # The second bridge asked for what came after the saved position (the last batch forwarded, or the
     # one before if the kill came between its produce and its save), not for everything.
     assert pub.replay_requests[-1] in (killed_at, killed_at + 1) and resumed.counts.replayed >= 20
+
+
+async def test_an_engine_restart_starts_a_new_epoch(kafka, namespace, topics_on, pg_settings) -> None:
+    await topics_on(kafka)
+    with VllmPublisher() as pub:
+        async with (
+            kv_tap(kafka, namespace) as tap,
+            serving(BridgeService(_settings(kafka, namespace, pg_settings, pub))) as bridge,
+        ):
+            for b in range(3):
+                pub.publish(chain_batch(b))
+            await until(lambda: len(tap.records) >= 3 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            pub.restart_numbering()  # vLLM restarted: seq 0 again, the replay buffer empty
+            for b in range(3, 6):
+                pub.publish(chain_batch(b))
+            await until(lambda: len(tap.records) >= 6 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            (engine,) = bridge.engines
+    events = tap.events()
+    assert stored_hashes(events) == {block(n).hex() for n in range(6 * BLOCKS_PER_BATCH)}
+    # Seq 0..2 came twice, once per epoch: different event ids, so nothing downstream drops them.
+    assert len({e.event_id for e in events}) == 6 * BLOCKS_PER_BATCH
+    assert engine.tracker.epoch == 1 and engine.tracker.last_forwarded == 2 and engine.counts.restarts == 1
