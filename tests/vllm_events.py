@@ -4,15 +4,18 @@ by `msgspec.msgpack.Encoder`), with msgpack instead of msgspec, for the bridge's
 msgspec encodes a `tag=True` struct under `array_like=True` as `[ClassName, field, ...]` in declaration
 order, and under `omit_defaults=True` leaves out trailing fields still at their default; without
 `array_like` as a map whose first key is "type". Floats are float64, bytes are msgpack bin, both as
-msgpack-python packs them by default. Three generations of the format:
+msgpack-python packs them by default. The generations of the format (read from vLLM's source at
+commits b4e69e0 (the first) and 0181ea3 (main), the rest from the projects that adapted to them):
 
-- "v0.9":   array_like; BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id),
+- "array-first": array_like; BlockStored(block_hashes, parent_block_hash, token_ids, block_size, lora_id),
             BlockRemoved(block_hashes); batch [ts, events]
-- "v0.11":  array_like; BlockStored(..., lora_id, medium), BlockRemoved(block_hashes, medium);
+- "array": array_like; BlockStored(..., lora_id, medium), BlockRemoved(block_hashes, medium);
             batch [ts, events, data_parallel_rank] (rank omitted while None)
-- "latest": maps; BlockStored(..., medium, lora_name, extra_keys=None, group_idx=None,
+- "map-events": vllm#42892 (June 2026) dropped array_like from the events: each a map, tag under
+            "type", BlockStored(..., medium, lora_name, extra_keys=None, group_idx=None,
             kv_cache_spec_kind=None, kv_cache_spec_sliding_window=None), BlockRemoved(block_hashes,
-            medium, group_idx=None); batch {ts, events, data_parallel_rank=None}
+            medium, group_idx=None); the batch still [ts, events, rank] (as captured from v0.26.0)
+- "map": as "map-events", and the batch a map too {ts, events, data_parallel_rank=None} (main)
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any, Literal
 
 import msgpack
 
-Version = Literal["v0.9", "v0.11", "latest"]
+Version = Literal["array-first", "array", "map-events", "map"]
 Hash = bytes | int
 
 
@@ -73,9 +76,9 @@ def event_obj(event: Stored | Removed | Cleared, version: Version) -> Any:
             event.block_size,
             event.lora_id,
         ]
-        if version == "v0.9":
+        if version == "array-first":
             return ["BlockStored", *required]
-        if version == "v0.11":
+        if version == "array":
             return ["BlockStored", *required, event.medium]
         out: dict[str, Any] = {"type": "BlockStored"}
         names = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id")
@@ -86,23 +89,23 @@ def event_obj(event: Stored | Removed | Cleared, version: Version) -> Any:
             out["group_idx"] = event.group_idx
         return out
     if isinstance(event, Removed):
-        if version == "v0.9":
+        if version == "array-first":
             return ["BlockRemoved", event.block_hashes]
-        if version == "v0.11":
+        if version == "array":
             return ["BlockRemoved", event.block_hashes, event.medium]
         out = {"type": "BlockRemoved", "block_hashes": event.block_hashes, "medium": event.medium}
         if event.group_idx is not None:
             out["group_idx"] = event.group_idx
         return out
-    return ["AllBlocksCleared"] if version != "latest" else {"type": "AllBlocksCleared"}
+    return ["AllBlocksCleared"] if version in ("array-first", "array") else {"type": "AllBlocksCleared"}
 
 
-def encode(batch: Batch, version: Version = "v0.11") -> bytes:
+def encode(batch: Batch, version: Version = "array") -> bytes:
     events = [event_obj(e, version) for e in batch.events]
     obj: Any
-    if version == "v0.9":
+    if version == "array-first":
         obj = [batch.ts, events]
-    elif version == "v0.11":
+    elif version in ("array", "map-events"):
         obj = _trim([batch.ts, events, batch.data_parallel_rank], 2)
     else:
         obj = {"ts": batch.ts, "events": events}

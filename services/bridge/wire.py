@@ -1,10 +1,11 @@
 """vLLM's KV-event wire format, decoded without I/O: the ZMQ frames [topic, seq, payload] and the
 msgpack `KVEventBatch` in them, with a precise reason for everything that cannot be decoded.
 
-Reference: vllm/distributed/kv_events.py (msgspec structs, `tag=True`, `omit_defaults=True`). Releases
-up to v0.11 declare them `array_like=True`, so a batch is `[ts, events, data_parallel_rank?]` and an
-event `[tag, field, ...]` in declaration order, trailing defaults omitted; later ones drop `array_like`,
-so both become maps and the tag sits under "type". Both shapes are accepted. Field order:
+Reference: vllm/distributed/kv_events.py (msgspec structs, `tag=True`, `omit_defaults=True`; read at
+commits b4e69e0 and 0181ea3). Until vllm#42892 (June 2026) they were `array_like=True`: a batch is
+`[ts, events, data_parallel_rank?]` and an event `[tag, field, ...]` in declaration order, trailing
+defaults omitted. Since then an event is a map with the tag under "type" (v0.26.0 still sent the batch
+as an array; main makes it a map too). Every combination is accepted. Field order:
 
     BlockStored:  block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
                   extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window

@@ -21,7 +21,7 @@ from services.bridge.wire import (
 from tests.vllm_events import Batch, Cleared, Removed, Stored, encode, seq_bytes
 
 H = [hashlib.sha256(bytes([i])).digest() for i in range(4)]
-VERSIONS = ["v0.9", "v0.11", "latest"]
+VERSIONS = ["array-first", "array", "map-events", "map"]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -33,7 +33,7 @@ def test_every_event_type_decodes(version: str) -> None:
             Removed([H[1]], medium="CPU"),
             Cleared(),
         ],
-        data_parallel_rank=0 if version != "v0.9" else None,
+        data_parallel_rank=0 if version != "array-first" else None,
     )
     got = decode_batch(encode(batch, version))  # type: ignore[arg-type]
     assert got.ts == 1_700_000_000.25
@@ -42,9 +42,9 @@ def test_every_event_type_decodes(version: str) -> None:
     assert isinstance(stored, BlockStored)
     assert stored.block_hashes == (H[1], H[2]) and stored.parent_block_hash == H[0]
     assert stored.block_size == 16 and stored.token_count == 32
-    assert stored.medium == (None if version == "v0.9" else "GPU")
+    assert stored.medium == (None if version == "array-first" else "GPU")
     assert isinstance(removed, BlockRemoved) and removed.block_hashes == (H[1],)
-    assert removed.medium == (None if version == "v0.9" else "CPU")
+    assert removed.medium == (None if version == "array-first" else "CPU")
     assert isinstance(cleared, AllBlocksCleared)
 
 
@@ -57,6 +57,34 @@ def test_the_array_form_is_exactly_tag_then_fields_in_declaration_order() -> Non
     (stored,) = got.events
     assert stored == BlockStored((7, 8), None, 4, 4, 3, "GPU")
     assert got.data_parallel_rank == 2
+
+
+def test_a_batch_as_captured_from_vllm_0_26() -> None:
+    # kthena#1535: an array batch whose events are maps (vllm#42892), integer hashes, optional fields.
+    raw = msgpack.packb(
+        [
+            1789095808.8378847,
+            [
+                {
+                    "type": "BlockStored",
+                    "block_hashes": [15760518052499183552],
+                    "parent_block_hash": None,
+                    "token_ids": list(range(16)),
+                    "block_size": 16,
+                    "lora_id": None,
+                    "medium": "GPU",
+                    "lora_name": None,
+                    "extra_keys": [None],
+                    "group_idx": 0,
+                    "kv_cache_spec_kind": "full_attention",
+                }
+            ],
+            0,
+        ]
+    )
+    got = decode_batch(raw)
+    assert got.events == (BlockStored((15760518052499183552,), None, 16, 16, None, "GPU"),)
+    assert got.data_parallel_rank == 0
 
 
 def test_integer_hashes_and_a_first_block_without_parent() -> None:
