@@ -119,7 +119,7 @@ class EngineBridge:
         await self._forward(seq, payload)
 
     async def _replay(self) -> None:
-        start = self.tracker.next_seq
+        start, lost_before = self.tracker.next_seq, self.tracker.lost
         self.counts.replays += 1
         try:
             async for seq, payload in self.source.replay(start):
@@ -131,26 +131,26 @@ class EngineBridge:
             log.warning(
                 "replay failed", extra={"engine": self.engine.engine_id, "from_seq": start, "error": str(exc)}
             )
+        self._count_lost(self.tracker.lost - lost_before, start)
 
     def _lose_until(self, seq: int) -> None:
         before = self.tracker.lost
         self.tracker.skip_to(seq)
-        if self.tracker.lost > before:
-            LOST.labels(self.engine.engine_id).inc(self.tracker.lost - before)
+        self._count_lost(self.tracker.lost - before, seq)
+
+    def _count_lost(self, n: int, near_seq: int) -> None:
+        if n > 0:
+            LOST.labels(self.engine.engine_id).inc(n)
             log.warning(
                 "batches lost: neither heard nor replayed",
-                extra={
-                    "engine": self.engine.engine_id,
-                    "lost": self.tracker.lost - before,
-                    "before_seq": seq,
-                },
+                extra={"engine": self.engine.engine_id, "lost": n, "near_seq": near_seq},
             )
 
     async def _forward(self, seq: int, payload: bytes) -> None:
         try:
             if len(payload) > self._max_payload_bytes:
                 raise WireError(
-                    "invalid", f"payload of {len(payload)} bytes exceeds {self._max_payload_bytes}"
+                    "oversized", f"payload of {len(payload)} bytes exceeds {self._max_payload_bytes}"
                 )
             batch = decode_batch(payload)
         except WireError as exc:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import msgpack
 
-WireKind = Literal["bad_frames", "bad_seq", "malformed_msgpack", "invalid", "unknown_tag"]
+WireKind = Literal["bad_frames", "bad_seq", "oversized", "malformed_msgpack", "invalid", "unknown_tag"]
 
 END_OF_REPLAY = -1
 # Everything after the tag, in declaration order (kv_events.py); the first `required` always come.

@@ -274,3 +274,24 @@ async def test_an_engine_restart_starts_a_new_epoch(kafka, namespace, topics_on,
     # Seq 0..2 came twice, once per epoch: different event ids, so nothing downstream drops them.
     assert len({e.event_id for e in events}) == 6 * BLOCKS_PER_BATCH
     assert engine.tracker.epoch == 1 and engine.tracker.last_forwarded == 2 and engine.counts.restarts == 1
+
+
+async def test_what_the_replay_no_longer_holds_is_counted_lost(
+    kafka, namespace, topics_on, pg_settings
+) -> None:
+    await topics_on(kafka)
+    with VllmPublisher(buffer_steps=3) as pub:
+        async with (
+            kv_tap(kafka, namespace) as tap,
+            serving(BridgeService(_settings(kafka, namespace, pg_settings, pub))) as bridge,
+        ):
+            pub.publish(chain_batch(0))
+            await until(lambda: len(tap.records) >= BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            for b in (1, 2, 3):  # never heard; the buffer of three keeps 2, 3 (and then 4)
+                pub.publish(chain_batch(b), drop_on_pub=True)
+            pub.publish(chain_batch(4))
+            await until(lambda: len(tap.records) >= 4 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            health = await bridge.health()
+    assert stored_hashes(tap.events()) == {block(n).hex() for n in range(20) if not 4 <= n < 8}
+    (engine,) = health["engines"]
+    assert engine["lost"] == 1 and engine["last_seq"] == 4 and health["healthy"]
