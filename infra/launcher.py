@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVICES_DIR = REPO_ROOT / "services"
 NOT_SERVICES = {"runtime"}
+# Services started by default only once configured (any of these variables set): the vLLM bridge has
+# nothing to listen to without an engine's endpoint. Named with --service they always start.
+OPT_IN_SERVICES = {"bridge": ("CACHEMESH_BRIDGE_ENDPOINT", "CACHEMESH_BRIDGE_PUBLISHERS")}
 
 
 def run_dir() -> Path:
@@ -61,6 +64,16 @@ def discover_services(services_dir: Path = SERVICES_DIR) -> list[str]:
         if p.parent != services_dir and "run_service(" in p.read_text()
     )
     return sorted(names)
+
+
+def default_services(env: dict[str, str], services_dir: Path = SERVICES_DIR) -> list[str]:
+    """The services `cachemesh up` runs when none are named: every one, less the unconfigured opt-ins."""
+
+    def wanted(name: str) -> bool:
+        needs = OPT_IN_SERVICES.get(name)
+        return needs is None or any(env.get(var) for var in needs)
+
+    return [name for name in discover_services(services_dir) if wanted(name)]
 
 
 def module_for(name: str, services_dir: Path = SERVICES_DIR) -> str:
@@ -247,6 +260,6 @@ def mesh_from_env(broker: str | None, services: list[str] | None) -> Mesh:
     return Mesh(
         broker=broker_from_env(env),
         postgres=postgres_from_env(env, durable=True),
-        service_names=discover_services() if services is None else services,
+        service_names=default_services(env) if services is None else services,
         namespace=env.get("KAFKA_TOPIC_NAMESPACE", ""),
     )

@@ -1,7 +1,7 @@
 """The tier node's HTTP API (FastAPI; OpenAPI at /openapi.json, docs at /docs, and a copy in
 `schemas/openapi/tiers.json`): lookup by key, by embedding or by text (embedded with the local
-all-MiniLM-L6-v2), batch lookup, put, delete, feedback on a match, stats. An optional bearer token
-guards every /v1 route.
+all-MiniLM-L6-v2), batch lookup, put, delete, feedback on a match, stats, and the KV-block prefix lookup
+and batch fetch (prefix.py). An optional bearer token guards every /v1 route.
 
 Bad input is a clear 4xx: 422 for a wrong embedding dimension, NaN or inf, an empty key, text or
 embedding, a malformed tensor; 413 for a body, value, text or batch over its bound; 401 for a missing or
@@ -42,6 +42,7 @@ from services.tiers.edge.models import (
     PutOut,
     TensorIn,
 )
+from services.tiers.edge.prefix import prefix_router
 from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
 from services.tiers.l1.vector_index import normalize
 from services.tiers.node.plan import Lookup
@@ -386,6 +387,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         return report
 
     app.include_router(v1)
+    app.include_router(prefix_router(cache, settings))
     _document_bearer(app)
     app.add_middleware(LookupFastPath, one=lookup_one, many=lookup_many)
     if token is not None:

@@ -21,6 +21,8 @@ import numpy as np
 import numpy.typing as npt
 
 from services.tiers import codec
+from services.tiers.edge.blockframe import MEDIA_TYPE as BLOCKS_MEDIA_TYPE
+from services.tiers.edge.blockframe import FetchedBlock, parse_blocks
 
 VALUE_MEDIA_TYPE = "application/x-cachemesh-value"
 
@@ -58,6 +60,51 @@ class LookupRequest:
     tolerance: float | None = None
     trace_id: str | None = None
     include_value: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixBlock:
+    key: str
+    tier: str
+    node: str  # this node's id, or a peer's block server (host:port) for a remote L2 hit
+    remote: bool
+    size_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixResult:
+    """The longest cached prefix of a chain of KV blocks (POST /v1/prefix)."""
+
+    requested: int
+    prefix_blocks: int
+    prefix_tokens: int | None
+    first_miss: str | None
+    blocks: tuple[PrefixBlock, ...]
+
+
+def prefix_body(keys: Sequence[str], model: str | None, block_size_tokens: int | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"keys": list(keys)}
+    if model is not None:
+        body["model"] = model
+    if block_size_tokens is not None:
+        body["block_size_tokens"] = block_size_tokens
+    return body
+
+
+def parse_prefix(data: Mapping[str, Any]) -> PrefixResult:
+    return PrefixResult(
+        requested=data["requested"],
+        prefix_blocks=data["prefix_blocks"],
+        prefix_tokens=data.get("prefix_tokens"),
+        first_miss=data.get("first_miss"),
+        blocks=tuple(PrefixBlock(**b) for b in data["blocks"]),
+    )
+
+
+def _fetched(response: httpx.Response) -> list[FetchedBlock]:
+    if response.status_code != 200:
+        _check(response)
+    return parse_blocks(response.content)
 
 
 def _b64_embedding(embedding: npt.ArrayLike) -> str:
@@ -240,6 +287,17 @@ class TiersClient:
     def delete(self, key: str) -> bool:
         return bool(_check(self._http.delete(_entry_path(key)))["deleted"])
 
+    def prefix(
+        self, keys: Sequence[str], *, model: str | None = None, block_size_tokens: int | None = None
+    ) -> PrefixResult:
+        body = prefix_body(keys, model, block_size_tokens)
+        return parse_prefix(_check(self._http.post("/v1/prefix", json=body)))
+
+    def fetch_blocks(self, keys: Sequence[str], *, model: str | None = None) -> list[FetchedBlock]:
+        """Every key's block, in order (`status` hit, miss or omitted); a hit's `value` is its bytes."""
+        body = prefix_body(keys, model, None)
+        return _fetched(self._http.post("/v1/blocks/fetch", json=body, headers={"Accept": BLOCKS_MEDIA_TYPE}))
+
     def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = _check(self._http.get("/v1/stats"))
         return result
@@ -314,6 +372,18 @@ class AsyncTiersClient:
 
     async def delete(self, key: str) -> bool:
         return bool(_check(await self._http.delete(_entry_path(key)))["deleted"])
+
+    async def prefix(
+        self, keys: Sequence[str], *, model: str | None = None, block_size_tokens: int | None = None
+    ) -> PrefixResult:
+        body = prefix_body(keys, model, block_size_tokens)
+        return parse_prefix(_check(await self._http.post("/v1/prefix", json=body)))
+
+    async def fetch_blocks(self, keys: Sequence[str], *, model: str | None = None) -> list[FetchedBlock]:
+        """Every key's block, in order (`status` hit, miss or omitted); a hit's `value` is its bytes."""
+        body = prefix_body(keys, model, None)
+        headers = {"Accept": BLOCKS_MEDIA_TYPE}
+        return _fetched(await self._http.post("/v1/blocks/fetch", json=body, headers=headers))
 
     async def stats(self) -> dict[str, Any]:
         result: dict[str, Any] = _check(await self._http.get("/v1/stats"))

@@ -177,3 +177,40 @@ class PutOut(BaseModel):
 class DeleteOut(BaseModel):
     key: str
     deleted: bool
+
+
+# --- KV-block prefixes (prefix.py) ---------------------------------------------------------------
+
+# A hard ceiling; the node's own bound is `max_batch` (413 beyond it).
+_MAX_CHAIN = 100_000
+
+
+class PrefixBody(_Strict):
+    """A prompt's KV blocks in order, as the engine chunked it (vLLM block hashes, LMCache chunk keys)."""
+
+    keys: Annotated[list[Key], Field(min_length=1, max_length=_MAX_CHAIN)]
+    model: str | None = None
+    block_size_tokens: Annotated[int, Field(gt=0)] | None = Field(
+        default=None, description="tokens per block: given, the answer also counts the prefix in tokens"
+    )
+
+
+class PrefixBlock(BaseModel):
+    key: str
+    tier: Tier
+    node: str = Field(description="the node holding it: this node's id, or the block server of a peer")
+    remote: bool
+    size_bytes: int
+
+
+class PrefixOut(BaseModel):
+    requested: int
+    prefix_blocks: int = Field(description="how many leading blocks of the chain are cached")
+    prefix_tokens: int | None = None
+    first_miss: str | None = Field(default=None, description="the first key not cached (None: all are)")
+    blocks: list[PrefixBlock] = Field(description="where each block of the cached prefix is")
+
+
+class FetchBody(_Strict):
+    keys: Annotated[list[Key], Field(min_length=1, max_length=_MAX_CHAIN)]
+    model: str | None = None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from opentelemetry import trace
 
-from infra.launcher import discover_services, module_for
+from infra.launcher import default_services, discover_services, module_for
 from services.runtime.consume import Dedupe
 from services.runtime.logs import JsonFormatter
 from services.runtime.postgres import _choose, load_migrations, redact_dsn
@@ -96,3 +96,11 @@ def test_a_top_level_package_on_the_service_lifecycle_is_a_service(tmp_path: Pat
         (tmp_path / name / "__main__.py").write_text(body)
     assert discover_services(services) == ["heat", "worker"]
     assert [module_for(n, services) for n in ("heat", "worker")] == ["services.heat", "worker"]
+
+
+def test_the_bridge_runs_by_default_only_once_an_endpoint_is_configured(tmp_path: Path) -> None:
+    for name in ("heat", "bridge"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__main__.py").write_text("")
+    assert default_services({}, tmp_path) == ["heat"]
+    assert default_services({"CACHEMESH_BRIDGE_ENDPOINT": "tcp://vllm:5557"}, tmp_path) == ["bridge", "heat"]

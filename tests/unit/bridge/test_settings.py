@@ -1,0 +1,37 @@
+"""The bridge's settings: one engine from the single-engine fields, several from PUBLISHERS, ids unique."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from services.bridge.settings import BridgeSettings, PublisherConfig
+
+
+def test_the_single_engine_fields_make_one_publisher_named_after_the_node_by_default() -> None:
+    s = BridgeSettings(node_id="host-1", endpoint="tcp://vllm:5557", replay_endpoint="tcp://vllm:5558")
+    assert s.engines() == [
+        PublisherConfig(engine_id="host-1", endpoint="tcp://vllm:5557", replay_endpoint="tcp://vllm:5558")
+    ]
+    assert BridgeSettings().engines() == []
+
+
+def test_several_engines_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(
+        "CACHEMESH_BRIDGE_PUBLISHERS",
+        '[{"engine_id": "a", "endpoint": "tcp://a:5557", "topic": "kv-events"},'
+        ' {"engine_id": "b", "endpoint": "tcp://b:5557", "model": "m"}]',
+    )
+    assert [(p.engine_id, p.topic, p.model) for p in BridgeSettings().engines()] == [
+        ("a", "kv-events", None),
+        ("b", "", "m"),
+    ]
+
+
+def test_engine_ids_must_be_unique() -> None:
+    with pytest.raises(ValidationError, match="unique"):
+        BridgeSettings(
+            endpoint="tcp://a:5557",
+            engine_id="a",
+            publishers=[PublisherConfig(engine_id="a", endpoint="tcp://b:5557")],
+        )
