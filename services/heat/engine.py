@@ -2,10 +2,17 @@
 scores into `heat.scores.v1` decisions (keep / evict / keep_alive), publishing only what changed.
 
 Event time (`occurred_at_ms`) drives the policy's clock, so a replay and the live service agree.
+
+`kv.events.v1` is keyed by block hash, so the blocks of one chain sit on different partitions and a
+child can arrive before its parent. The policy never admits a block whose parent it does not hold
+(an orphan can never be a prefix hit), so the engine parks such a child until its parent arrives,
+for at most `orphan_hold_ms` of event time and `max_orphans` blocks; past either it is applied as
+it is (and rejected, as an orphan). Parked blocks are not checkpointed: a restart forgets them.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Hashable
 
 from policies.base import AccessMeta, Eviction
@@ -32,17 +39,93 @@ def attention_heat(head_heat: list[float]) -> float:
 
 
 class HeatEngine:
-    def __init__(self, policy: HeatPolicy) -> None:
+    def __init__(self, policy: HeatPolicy, orphan_hold_ms: int = 5_000, max_orphans: int = 10_000) -> None:
         self.policy = policy
         self._published: dict[Hashable, Decision] = {}
         self._pending: list[HeatScored] = []
         self.events_applied = 0
         self.last_event_ms = 0
+        self.orphan_hold_ms = orphan_hold_ms
+        self.max_orphans = max_orphans
+        # Parked children, oldest first: block hash -> event; and parent hash -> its parked children.
+        self._orphans: OrderedDict[str, KvBlockStored] = OrderedDict()
+        self._waiting: dict[str, list[str]] = {}
+        self.orphans_adopted = 0  # parked, then applied after their parent
+        self.orphans_expired = 0  # parked, then applied without it
+
+    @property
+    def orphans_parked(self) -> int:
+        return len(self._orphans)
 
     def apply(self, event: Event) -> None:
-        """Feeds one event to the policy; evictions it decides right away are queued for publishing."""
+        """Feeds one event to the policy (a chained block whose parent has not arrived yet waits for
+        it); evictions the policy decides right away are queued for publishing."""
+        self.last_event_ms = max(self.last_event_ms, event.occurred_at_ms)
+        if isinstance(event, KvBlockStored) and self._is_orphan(event):
+            self._park(event)
+        else:
+            if isinstance(event, KvBlockRemoved) and event.block_hash in self._orphans:
+                self._unpark(event.block_hash)
+            self._apply(event)
+            if isinstance(event, KvBlockStored):
+                self._adopt(event.block_hash)
+        self._expire()
+
+    def _is_orphan(self, event: KvBlockStored) -> bool:
+        parent = event.parent_block_hash
+        return (
+            parent is not None
+            and event.block_hash not in self.policy
+            and parent not in self.policy
+            and self.orphan_hold_ms > 0
+        )
+
+    def _park(self, event: KvBlockStored) -> None:
+        if event.block_hash in self._orphans:
+            self._unpark(event.block_hash)
+        self._orphans[event.block_hash] = event
+        assert event.parent_block_hash is not None
+        self._waiting.setdefault(event.parent_block_hash, []).append(event.block_hash)
+        while len(self._orphans) > self.max_orphans:
+            self._release(next(iter(self._orphans)))
+
+    def _unpark(self, block_hash: str) -> KvBlockStored:
+        event = self._orphans.pop(block_hash)
+        assert event.parent_block_hash is not None
+        siblings = self._waiting.get(event.parent_block_hash, [])
+        if block_hash in siblings:
+            siblings.remove(block_hash)
+        if not siblings:
+            self._waiting.pop(event.parent_block_hash, None)
+        return event
+
+    def _release(self, block_hash: str) -> None:
+        """Applies a parked block without its parent (held too long, or too many parked)."""
+        self.orphans_expired += 1
+        self._apply(self._unpark(block_hash))
+        self._adopt(block_hash)
+
+    def _adopt(self, parent: str) -> None:
+        """Applies the children parked on `parent` (and theirs, down the chain) now that it arrived."""
+        stack = [parent]
+        while stack:
+            for child in self._waiting.pop(stack.pop(), []):
+                event = self._orphans.pop(child, None)
+                if event is not None:
+                    self.orphans_adopted += 1
+                    self._apply(event)
+                    stack.append(child)
+
+    def _expire(self) -> None:
+        horizon = self.last_event_ms - self.orphan_hold_ms
+        while self._orphans:
+            oldest = next(iter(self._orphans.values()))
+            if oldest.occurred_at_ms > horizon:
+                break
+            self._release(oldest.block_hash)
+
+    def _apply(self, event: Event) -> None:
         now = event.occurred_at_ms
-        self.last_event_ms = max(self.last_event_ms, now)
         evictions: list[Eviction] = []
         if isinstance(event, CacheAccessed):
             meta = AccessMeta(trace_id=event.trace_id)

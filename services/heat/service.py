@@ -59,6 +59,11 @@ class HeatService(Service):
         return {
             "tracked_entries": len(self.engine.policy),
             "events_applied": self.engine.events_applied,
+            "orphans": {
+                "parked": self.engine.orphans_parked,
+                "adopted": self.engine.orphans_adopted,
+                "expired": self.engine.orphans_expired,
+            },
             "model_version": self.model_version,
             "model_steps": self.engine.policy.scorer.steps,
         }

@@ -81,3 +81,44 @@ def test_a_checkpoint_restores_the_same_model() -> None:
     load_scorer(fresh, dump_scorer(trained).blob)
     assert fresh.steps == trained.steps == 5 and fresh.labels_seen == trained.labels_seen == 300
     assert np.array_equal(fresh.score(x), trained.score(x))
+
+
+def _chain(n: int, t0: int = 100) -> list[KvBlockStored]:
+    return [
+        KvBlockStored(block_hash=f"c{i}", parent_block_hash=f"c{i - 1}" if i else None, occurred_at_ms=t0 + i)
+        for i in range(n)
+    ]
+
+
+def test_a_chain_arriving_out_of_order_is_tracked_whole() -> None:
+    # kv.events.v1 is keyed by block hash: a chain's blocks come from different partitions, in any order.
+    engine = _engine()
+    chain = _chain(6)
+    for event in [chain[3], chain[5], chain[1], chain[4], chain[0], chain[2]]:
+        engine.apply(event)
+    assert all(f"c{i}" in engine.policy for i in range(6))
+    assert engine.orphans_parked == 0 and engine.orphans_adopted == 4 and engine.orphans_expired == 0
+    assert engine.events_applied == 6
+
+
+def test_an_orphan_whose_parent_never_comes_is_applied_after_the_hold() -> None:
+    engine = HeatEngine(HeatPolicy(64, seed=7), orphan_hold_ms=1_000)
+    engine.apply(KvBlockStored(block_hash="x1", parent_block_hash="gone", occurred_at_ms=100))
+    engine.apply(CacheAccessed(key="k", hit=False, occurred_at_ms=900))
+    assert engine.orphans_parked == 1 and engine.events_applied == 1
+    engine.apply(CacheAccessed(key="k", hit=True, occurred_at_ms=1_100))
+    assert engine.orphans_parked == 0 and engine.orphans_expired == 1
+    assert "x1" not in engine.policy  # applied as it is: the policy rejects an orphan
+
+
+def test_parked_orphans_are_bounded_and_a_removal_unparks() -> None:
+    engine = HeatEngine(HeatPolicy(64, seed=7), max_orphans=3)
+    for i in range(5):
+        engine.apply(KvBlockStored(block_hash=f"o{i}", parent_block_hash=f"p{i}", occurred_at_ms=10 + i))
+    assert engine.orphans_parked == 3 and engine.orphans_expired == 2
+    engine.apply(KvBlockRemoved(block_hash="o4", occurred_at_ms=20))
+    assert engine.orphans_parked == 2
+    engine.apply(KvBlockStored(block_hash="p4", occurred_at_ms=21))
+    assert "o4" not in engine.policy  # removed before its parent came: not adopted
+    engine.apply(KvBlockStored(block_hash="p3", occurred_at_ms=22))
+    assert "o3" in engine.policy
