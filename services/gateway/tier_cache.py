@@ -85,13 +85,13 @@ class TierCache:
             body["trace_id"] = trace_id
         try:
             async with asyncio.timeout(self.lookup_timeout_s):
-                response = await self.http.post("/v1/lookup", json=body)
+                response = await self.http.post("/v1/lookup", json=body, timeout=self.lookup_timeout_s)
         except TimeoutError:
             self.breaker.record(False)
             return result("timeout")
         except httpx.HTTPError as exc:
             self.breaker.record(False)
-            log.warning("cache lookup failed; forwarding", extra={"error": repr(exc)})
+            log.warning("cache lookup failed; forwarding: %r", exc)
             return result("error")
         if response.status_code != 200:
             # 5xx: the node is unwell; 4xx: it refused this request (too long a text): not its health.
@@ -135,10 +135,12 @@ class TierCache:
             body["trace_id"] = entry.trace_id
         try:
             async with asyncio.timeout(self.store_timeout_s):
-                response = await self.http.put("/v1/entries/" + quote(entry.key, safe=""), json=body)
+                response = await self.http.put(
+                    "/v1/entries/" + quote(entry.key, safe=""), json=body, timeout=self.store_timeout_s
+                )
         except (TimeoutError, httpx.HTTPError) as exc:
             self.counts["store_errors"] += 1
-            log.warning("storing an answer failed", extra={"key": entry.key, "error": repr(exc)})
+            log.warning("storing answer %s failed: %r", entry.key, exc)
             return False
         if response.status_code not in (200, 201):
             self.counts["store_errors"] += 1
