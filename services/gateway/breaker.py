@@ -78,6 +78,12 @@ class FailureBreaker:
             return 0
         return max(0, self._opened_at + self.cooldown_ms - self.clock())
 
+    def abandon(self) -> None:
+        """A call `allow()` let through was cancelled by its caller (a hedged request the cache answered
+        first): it says nothing of the upstream's health; in half-open the next probe may go."""
+        if self.state == "half_open":
+            self._probe_out = False
+
     def record(self, ok: bool) -> None:
         """Report one call that `allow()` let through."""
         if not ok:

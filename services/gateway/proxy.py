@@ -28,7 +28,7 @@ from services.gateway.requests import (
 )
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse import DONE, SseParser, assemble, replay
-from services.gateway.tier_cache import CachedAnswer, Entry, TierCache
+from services.gateway.tier_cache import CachedAnswer, Entry, LookupResult, TierCache
 from services.gateway.upstream import Upstream, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,8 @@ class Proxy:
         self.served = ServedAnswers(settings.max_feedback_refs)
         self.counts: dict[str, int] = {
             "hit": 0, "miss": 0, "bypass": 0, "lookup_timeout": 0, "lookup_error": 0,
-            "upstream_errors": 0, "stores_skipped": 0, "publish_errors": 0,
+            "upstream_errors": 0, "stores_skipped": 0, "publish_errors": 0, "hedged": 0,
+            "hedge_won_by_upstream": 0,
         }  # fmt: skip
         self._stores: set[asyncio.Task[bool]] = set()
         self._emits: set[asyncio.Task[None]] = set()
@@ -97,32 +98,85 @@ class Proxy:
         if plan.reason is not None:
             out["x-cachemesh-bypass-reason"] = plan.reason
         prompt = req.prompt if req.prompt and len(req.prompt) <= self.settings.max_semantic_chars else None
-        if plan.lookup:
-            found = await self.cache.lookup(req.key, prompt, req.namespace, trace_id)
-            if found.hit is not None:
-                self.counts["hit"] += 1
-                return self._serve(req, found.hit, prompt)
-            out["x-cachemesh-lookup-ms"] = f"{found.latency_ms:.2f}"
-            if found.outcome != "miss":
-                out["x-cachemesh-lookup"] = found.outcome
-                if f"lookup_{found.outcome}" in self.counts:
-                    self.counts[f"lookup_{found.outcome}"] += 1
-        self.counts[plan.label] += 1
         entry = None
         if plan.store:
             tags = {"source": "gateway", "route": route, "model": req.model}
             if req.tenant:
                 tags["tenant"] = req.tenant
             entry = Entry(req.key, req.namespace, prompt, trace_id, self.settings.ttl_hint_ms, tags)
-        try:
+
+        def forward() -> Awaitable[Response]:
             if req.stream:
-                return await self._relay_stream(_PATHS[route], raw, headers, out, entry)
-            return await self._forward(_PATHS[route], raw, headers, out, entry)
+                return self._relay_stream(_PATHS[route], raw, headers, out, entry)
+            return self._forward(_PATHS[route], raw, headers, out, entry)
+
+        try:
+            if not plan.lookup:
+                self.counts[plan.label] += 1
+                return await forward()
+            lookup = asyncio.create_task(self.cache.lookup(req.key, prompt, req.namespace, trace_id))
+            hedge_ms = self.settings.hedge_after_ms
+            if hedge_ms is not None:
+                await asyncio.wait({lookup}, timeout=hedge_ms / 1000)
+                if not lookup.done():
+                    return await self._hedged(req, lookup, asyncio.ensure_future(forward()), prompt, out)
+            found = await lookup
+            if found.hit is not None:
+                self.counts["hit"] += 1
+                return self._serve(req, found.hit, prompt)
+            self._note_miss(found, out)
+            return await forward()
         except UpstreamUnavailable as exc:
             self.counts["upstream_errors"] += 1
             if exc.retry_after_s is not None:
                 out["retry-after"] = str(exc.retry_after_s)
             return problem(exc.status, str(exc), kind="upstream_error", code=exc.code, **out)
+
+    def _note_miss(self, found: LookupResult, out: dict[str, str]) -> None:
+        self.counts["miss"] += 1
+        out["x-cachemesh-lookup-ms"] = f"{found.latency_ms:.2f}"
+        if found.outcome != "miss":
+            out["x-cachemesh-lookup"] = found.outcome
+            if f"lookup_{found.outcome}" in self.counts:
+                self.counts[f"lookup_{found.outcome}"] += 1
+
+    async def _hedged(
+        self,
+        req: Normalised,
+        lookup: asyncio.Task[LookupResult],
+        upstream: asyncio.Future[Response],
+        prompt: str | None,
+        out: dict[str, str],
+    ) -> Response:
+        """The lookup is slow: the upstream is asked too, and the first answer wins. A hit cancels the
+        upstream call (which has not answered yet); an upstream answer cancels the lookup."""
+        self.counts["hedged"] += 1
+        # Set before the forward has run: its response takes the headers when the upstream answers.
+        out["x-cachemesh-lookup"] = "hedged"
+        racing: set[asyncio.Future[Any]] = {lookup, upstream}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        if lookup.done():
+            found = lookup.result()
+            if found.hit is not None:
+                upstream.cancel()
+                await asyncio.gather(upstream, return_exceptions=True)
+                self.counts["hit"] += 1
+                return self._serve(req, found.hit, prompt)
+            self._note_miss(found, out)
+            return await upstream
+        if upstream.exception() is not None:
+            # The upstream failed (breaker open, refused): the cache may still have the answer.
+            found = await lookup
+            if found.hit is not None:
+                self.counts["hit"] += 1
+                return self._serve(req, found.hit, prompt)
+            self._note_miss(found, out)
+            return upstream.result()  # raises the upstream's failure
+        lookup.cancel()
+        await asyncio.gather(lookup, return_exceptions=True)
+        self.counts["miss"] += 1
+        self.counts["hedge_won_by_upstream"] += 1
+        return upstream.result()
 
     def _serve(self, req: Normalised, hit: CachedAnswer, prompt: str | None) -> Response:
         rid, created = response_id(req.route), int(time.time())

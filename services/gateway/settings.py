@@ -51,6 +51,12 @@ class GatewaySettings(ServiceSettings):
     # A lookup (exact key, then the embedding of the prompt) that takes longer is abandoned and the
     # request goes upstream: the cache never holds a miss up for longer than this.
     lookup_timeout_ms: Annotated[int, Field(gt=0)] = 50
+    # Hedging: a lookup that has not answered after this long no longer holds the request: it goes
+    # upstream too, and whichever answers first wins (a hit then cancels the upstream call). A miss waits
+    # at most this for the cache; a hit slower than this costs one aborted upstream request. None: off
+    # (a miss waits for the lookup, up to lookup_timeout_ms; the upstream never sees a request the cache
+    # answers).
+    hedge_after_ms: Annotated[int, Field(ge=0)] | None = None
     # Writes of answers run in the background, after the answer went out; beyond this many in flight a
     # new one is skipped (counted), never queued without bound.
     max_pending_stores: Annotated[int, Field(gt=0)] = 256

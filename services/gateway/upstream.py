@@ -78,6 +78,9 @@ class Upstream:
         try:
             async with asyncio.timeout(self.timeout_s):
                 response = await self.http.request(method, path, content=body, headers=dict(headers))
+        except asyncio.CancelledError:
+            self.breaker.abandon()
+            raise
         except (TimeoutError, httpx.HTTPError) as exc:
             raise self._failed(exc) from None
         self.breaker.record(response.status_code < 500)
@@ -93,6 +96,9 @@ class Upstream:
                 response = await self.http.send(request, stream=True)
                 if response.status_code != 200:
                     await response.aread()
+        except asyncio.CancelledError:
+            self.breaker.abandon()
+            raise
         except (TimeoutError, httpx.HTTPError) as exc:
             raise self._failed(exc) from None
         if response.status_code != 200:

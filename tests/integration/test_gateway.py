@@ -376,3 +376,32 @@ async def test_a_cache_that_does_not_answer_holds_a_miss_up_only_for_the_lookup_
             assert elapsed_ms < 2_000
     finally:
         silent.close()
+
+
+async def test_hedging_a_silent_cache_costs_a_miss_only_the_hedge(gateway_mesh) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        async with gateway_mesh(tiers_url=url, lookup_timeout_ms=20_000, hedge_after_ms=5) as mesh:
+            started = time.perf_counter()
+            headers, answer = await mesh.chat(RESET)
+            assert (time.perf_counter() - started) < 5  # far under the 20 s lookup timeout
+            assert (headers["x-cachemesh-cache"], headers["x-cachemesh-lookup"]) == ("miss", "hedged")
+            assert answer.choices[0].message.content == answer_for(RESET)
+    finally:
+        silent.close()
+
+
+async def test_a_hedged_hit_still_wins_over_a_slow_upstream(gateway_mesh) -> None:
+    async with gateway_mesh(hedge_after_ms=0) as mesh:
+        await mesh.chat(RESET)
+        await until(lambda: mesh.stored == 1, timeout_s=60)
+        mesh.upstream.delay_s = 5.0  # the cache answers long before this
+        started = time.perf_counter()
+        headers, hit = await mesh.chat(PARAPHRASE)
+        assert headers["x-cachemesh-cache"] == "hit" and (time.perf_counter() - started) < 4
+        assert hit.choices[0].message.content == answer_for(RESET)
+        assert mesh.gateway.proxy is not None and mesh.gateway.proxy.counts["hedged"] == 2
+        assert mesh.gateway.proxy.upstream.breaker.state == "closed"

@@ -89,3 +89,18 @@ def test_bad_settings() -> None:
         FailureBreaker(failure_ratio=0, clock=Clock())
     with pytest.raises(ValueError):
         FailureBreaker(window=2, min_calls=5, clock=Clock())
+
+
+def test_an_abandoned_probe_lets_the_next_one_go() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.record(False)
+    clock.ms = 1000
+    assert b.allow() and not b.allow()
+    b.abandon()  # the caller cancelled it: no verdict
+    assert b.state == "half_open" and b.allow()
+    b.abandon()
+    closed = breaker(clock)
+    closed.abandon()
+    assert closed.state == "closed" and closed.allow()
