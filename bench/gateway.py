@@ -7,7 +7,7 @@ upstream never asked). Streamed misses and hits are timed to the last byte.
 The upstream is the OpenAI-compatible double (`bench/_openai_upstream.py`, a fixed delay standing in
 for generation), the tier node and the gateway run as their own processes, on a real broker and Postgres
 (`KAFKA_BOOTSTRAP` / `DATABASE_URL` when set, otherwise it starts its own).
-Run: `python -m bench.gateway [--requests N] [--upstream-delay-ms D]`.
+Run: `python -m bench.gateway [--requests N] [--upstream-delay-ms D] [--hedge-after-ms H]`.
 """
 
 from __future__ import annotations
@@ -112,7 +112,14 @@ async def _timed(
     return latencies, expected
 
 
-async def _run(bootstrap: str, dsn: str, requests: int, delay_ms: float, lookup_timeout_ms: int) -> list[Row]:
+async def _run(
+    bootstrap: str,
+    dsn: str,
+    requests: int,
+    delay_ms: float,
+    lookup_timeout_ms: int,
+    hedge_after_ms: int | None,
+) -> list[Row]:
     namespace = f"bench{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
     up_port, tiers_port, gw_port = free_port(), free_port(), free_port()
@@ -132,6 +139,8 @@ async def _run(bootstrap: str, dsn: str, requests: int, delay_ms: float, lookup_
         "CACHEMESH_GATEWAY_TIERS_URL": f"http://127.0.0.1:{tiers_port}",
         "CACHEMESH_GATEWAY_LOOKUP_TIMEOUT_MS": str(lookup_timeout_ms),
     }
+    if hedge_after_ms is not None:
+        gw_env["CACHEMESH_GATEWAY_HEDGE_AFTER_MS"] = str(hedge_after_ms)
     upstream_args = ["-m", "bench._openai_upstream", "--port", str(up_port), "--delay-ms", str(delay_ms)]
     direct_url, gateway_url = f"http://127.0.0.1:{up_port}/v1", f"http://127.0.0.1:{gw_port}/v1"
     with (
@@ -193,12 +202,16 @@ def main(
     requests: Annotated[int, typer.Option(help="Requests per row")] = 200,
     upstream_delay_ms: Annotated[float, typer.Option(help="The upstream double's answer time")] = 20.0,
     lookup_timeout_ms: Annotated[int, typer.Option(help="CACHEMESH_GATEWAY_LOOKUP_TIMEOUT_MS")] = 50,
+    hedge_after_ms: Annotated[int | None, typer.Option(help="CACHEMESH_GATEWAY_HEDGE_AFTER_MS")] = None,
 ) -> None:
     with broker_from_env() as broker, postgres_from_env() as pg:
-        rows = asyncio.run(_run(broker.bootstrap, pg.dsn, requests, upstream_delay_ms, lookup_timeout_ms))
+        rows = asyncio.run(
+            _run(broker.bootstrap, pg.dsn, requests, upstream_delay_ms, lookup_timeout_ms, hedge_after_ms)
+        )
     table = Table(
         title=f"gateway overhead ({requests} sequential requests per row, upstream answers in "
-        f"{upstream_delay_ms:g} ms, lookup timeout {lookup_timeout_ms} ms)"
+        f"{upstream_delay_ms:g} ms, lookup timeout {lookup_timeout_ms} ms, "
+        f"{'no hedging' if hedge_after_ms is None else f'hedged after {hedge_after_ms} ms'})"
     )
     for column in ("path", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "p50 / direct", "served as"):
         table.add_column(column, justify="left" if column == "path" else "right")
