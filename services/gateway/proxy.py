@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
+from prometheus_client import Counter
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from schemas.events import MAX_KEY_CHARS, ConversationEnded, ConversationStarted, Event
@@ -32,6 +33,12 @@ from services.gateway.tier_cache import CachedAnswer, Entry, LookupResult, TierC
 from services.gateway.upstream import Upstream, UpstreamUnavailable
 
 log = logging.getLogger(__name__)
+
+EVENTS = Counter(
+    "cachemesh_gateway_requests_total",
+    "Gateway outcomes: hit, miss, bypass, lookup_<timeout|error|skipped>, hedged, upstream_errors, ...",
+    ["outcome"],
+)
 
 Publish = Callable[[Event, bool], Awaitable[None]]
 CONVERSATION_HEADER = "x-cachemesh-conversation-id"
@@ -76,6 +83,10 @@ class Proxy:
         self._stores: set[asyncio.Task[bool]] = set()
         self._emits: set[asyncio.Task[None]] = set()
 
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        EVENTS.labels(name).inc()
+
     # --- completions ----------------------------------------------------------------------------
 
     async def complete(self, route: Route, raw: bytes, headers: Mapping[str, str]) -> Response:
@@ -112,33 +123,34 @@ class Proxy:
 
         try:
             if not plan.lookup:
-                self.counts[plan.label] += 1
+                self._count(plan.label)
                 return await forward()
-            lookup = asyncio.create_task(self.cache.lookup(req.key, prompt, req.namespace, trace_id))
             hedge_ms = self.settings.hedge_after_ms
-            if hedge_ms is not None:
+            if hedge_ms is None:
+                found = await self.cache.lookup(req.key, prompt, req.namespace, trace_id)
+            else:
+                lookup = asyncio.create_task(self.cache.lookup(req.key, prompt, req.namespace, trace_id))
                 await asyncio.wait({lookup}, timeout=hedge_ms / 1000)
                 if not lookup.done():
                     return await self._hedged(req, lookup, asyncio.ensure_future(forward()), prompt, out)
-            found = await lookup
+                found = lookup.result()
             if found.hit is not None:
-                self.counts["hit"] += 1
+                self._count("hit")
                 return self._serve(req, found.hit, prompt)
             self._note_miss(found, out)
             return await forward()
         except UpstreamUnavailable as exc:
-            self.counts["upstream_errors"] += 1
+            self._count("upstream_errors")
             if exc.retry_after_s is not None:
                 out["retry-after"] = str(exc.retry_after_s)
             return problem(exc.status, str(exc), kind="upstream_error", code=exc.code, **out)
 
     def _note_miss(self, found: LookupResult, out: dict[str, str]) -> None:
-        self.counts["miss"] += 1
+        self._count("miss")
         out["x-cachemesh-lookup-ms"] = f"{found.latency_ms:.2f}"
         if found.outcome != "miss":
             out["x-cachemesh-lookup"] = found.outcome
-            if f"lookup_{found.outcome}" in self.counts:
-                self.counts[f"lookup_{found.outcome}"] += 1
+            self._count(f"lookup_{found.outcome}")
 
     async def _hedged(
         self,
@@ -150,7 +162,7 @@ class Proxy:
     ) -> Response:
         """The lookup is slow: the upstream is asked too, and the first answer wins. A hit cancels the
         upstream call (which has not answered yet); an upstream answer cancels the lookup."""
-        self.counts["hedged"] += 1
+        self._count("hedged")
         # Set before the forward has run: its response takes the headers when the upstream answers.
         out["x-cachemesh-lookup"] = "hedged"
         racing: set[asyncio.Future[Any]] = {lookup, upstream}
@@ -160,7 +172,7 @@ class Proxy:
             if found.hit is not None:
                 upstream.cancel()
                 await asyncio.gather(upstream, return_exceptions=True)
-                self.counts["hit"] += 1
+                self._count("hit")
                 return self._serve(req, found.hit, prompt)
             self._note_miss(found, out)
             return await upstream
@@ -168,14 +180,14 @@ class Proxy:
             # The upstream failed (breaker open, refused): the cache may still have the answer.
             found = await lookup
             if found.hit is not None:
-                self.counts["hit"] += 1
+                self._count("hit")
                 return self._serve(req, found.hit, prompt)
             self._note_miss(found, out)
             return upstream.result()  # raises the upstream's failure
         lookup.cancel()
         await asyncio.gather(lookup, return_exceptions=True)
-        self.counts["miss"] += 1
-        self.counts["hedge_won_by_upstream"] += 1
+        self._count("miss")
+        self._count("hedge_won_by_upstream")
         return upstream.result()
 
     def _serve(self, req: Normalised, hit: CachedAnswer, prompt: str | None) -> Response:
@@ -205,7 +217,7 @@ class Proxy:
     ) -> Response:
         response = await self.upstream.request("POST", path, self.upstream.headers(incoming), raw)
         if response.status_code >= 400:
-            self.counts["upstream_errors"] += 1
+            self._count("upstream_errors")
         elif entry is not None and len(response.content) <= self.settings.max_answer_bytes:
             try:
                 answer = response.json()
@@ -220,7 +232,7 @@ class Proxy:
     ) -> Response:
         response = await self.upstream.open_stream(path, self.upstream.headers(incoming), raw)
         if response.status_code != 200:
-            self.counts["upstream_errors"] += 1
+            self._count("upstream_errors")
             return _relayed(response, out)
         out["cache-control"] = "no-cache"
         return StreamingResponse(self._relay(response, entry), media_type="text/event-stream", headers=out)
@@ -248,7 +260,7 @@ class Proxy:
                     entry = None
         except httpx.HTTPError as exc:
             failed = True
-            self.counts["upstream_errors"] += 1
+            self._count("upstream_errors")
             log.warning("upstream stream broke off", extra={"error": repr(exc)})
         finally:
             await response.aclose()
@@ -261,7 +273,7 @@ class Proxy:
 
     def _store_later(self, entry: Entry, answer: dict[str, Any]) -> None:
         if len(self._stores) >= self.settings.max_pending_stores:
-            self.counts["stores_skipped"] += 1
+            self._count("stores_skipped")
             return
         task = asyncio.create_task(self.cache.store(entry, answer))
         self._stores.add(task)
@@ -306,7 +318,7 @@ class Proxy:
             try:
                 await self.publish(event, False)
             except Exception as exc:  # statistics of a conversation: never fail a request for it
-                self.counts["publish_errors"] += 1
+                self._count("publish_errors")
                 log.warning("lifecycle event not published", extra={"error": repr(exc)})
 
         task = asyncio.create_task(send())
@@ -323,7 +335,7 @@ class Proxy:
             # Acknowledged before the answer: once the caller hears "ended", the end is on Kafka.
             await self.publish(ConversationEnded(trace_id=conversation_id), True)
         except Exception as exc:
-            self.counts["publish_errors"] += 1
+            self._count("publish_errors")
             return problem(503, f"could not publish the conversation's end: {exc!r}", kind="server_error")
         return JSONResponse({"conversation_id": conversation_id, "ended": True, "tracked": tracked}, 202)
 
