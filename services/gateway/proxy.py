@@ -331,6 +331,7 @@ class Proxy:
         except BadRequest as exc:
             return problem(400, str(exc), kind="invalid_request_error")
         tracked = self.conversations.end(conversation_id)
+        await self._emitted()
         try:
             # Acknowledged before the answer: once the caller hears "ended", the end is on Kafka.
             await self.publish(ConversationEnded(trace_id=conversation_id), True)
@@ -339,8 +340,16 @@ class Proxy:
             return problem(503, f"could not publish the conversation's end: {exc!r}", kind="server_error")
         return JSONResponse({"conversation_id": conversation_id, "ended": True, "tracked": tracked}, 202)
 
+    async def _emitted(self, timeout_s: float = 2.0) -> None:
+        """Let the starts still being sent go first: one conversation's events share a partition, and
+        an end ahead of its start would leave the conversation open for whoever reads them."""
+        if self._emits:
+            await asyncio.wait(set(self._emits), timeout=timeout_s)
+
     async def end_idle(self) -> list[str]:
         ended = self.conversations.idle()
+        if ended:
+            await self._emitted()
         for conversation_id in ended:
             await self.publish(ConversationEnded(trace_id=conversation_id), False)
         return ended
