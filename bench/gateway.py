@@ -119,7 +119,7 @@ async def _run(
     delay_ms: float,
     lookup_timeout_ms: int,
     hedge_after_ms: int | None,
-) -> list[Row]:
+) -> tuple[list[Row], dict[str, int]]:
     namespace = f"bench{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
     up_port, tiers_port, gw_port = free_port(), free_port(), free_port()
@@ -189,13 +189,14 @@ async def _run(
                 measured[name] = await run()
                 if name.startswith("gateway miss"):
                     await asyncio.sleep(0.5)  # the writes go after the answers: let them land
+            stats = (await via.get("/cachemesh/stats")).json()
     rows = []
     for name, (latencies, expected) in measured.items():
         base = measured["upstream direct, streamed" if "streamed" in name else "upstream direct"][0]
         b50, b99 = (float(p) for p in np.percentile(base, [50, 99]))
         p50, p99 = (float(p) for p in np.percentile(latencies, [50, 99]))
         rows.append(Row(name, len(latencies), p50, p99, p50 - b50, p99 - b99, p50 / b50, expected))
-    return rows
+    return rows, stats["requests"]
 
 
 def main(
@@ -205,7 +206,7 @@ def main(
     hedge_after_ms: Annotated[int | None, typer.Option(help="CACHEMESH_GATEWAY_HEDGE_AFTER_MS")] = None,
 ) -> None:
     with broker_from_env() as broker, postgres_from_env() as pg:
-        rows = asyncio.run(
+        rows, outcomes = asyncio.run(
             _run(broker.bootstrap, pg.dsn, requests, upstream_delay_ms, lookup_timeout_ms, hedge_after_ms)
         )
     table = Table(
@@ -226,7 +227,10 @@ def main(
             f"{r.ratio_p50:.2f}x",
             "" if direct else f"{r.served_as_expected}/{r.requests}",
         )
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    # A request "served as" something else: its lookup timed out, was skipped, or lost the hedge.
+    console.print("gateway outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items()) if v))
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "gateway.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
