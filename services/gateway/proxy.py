@@ -167,7 +167,8 @@ class Proxy:
         out["x-cachemesh-lookup"] = "hedged"
         racing: set[asyncio.Future[Any]] = {lookup, upstream}
         await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-        if lookup.done():
+        # Both done: an upstream answer already open (a stream holds a connection) is the one served.
+        if lookup.done() and (not upstream.done() or lookup.result().hit is None):
             found = lookup.result()
             if found.hit is not None:
                 upstream.cancel()
@@ -184,8 +185,9 @@ class Proxy:
                 return self._serve(req, found.hit, prompt)
             self._note_miss(found, out)
             return upstream.result()  # raises the upstream's failure
-        lookup.cancel()
-        await asyncio.gather(lookup, return_exceptions=True)
+        if not lookup.done():
+            lookup.cancel()
+            await asyncio.gather(lookup, return_exceptions=True)
         self._count("miss")
         self._count("hedge_won_by_upstream")
         return upstream.result()
