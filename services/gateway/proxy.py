@@ -1,0 +1,401 @@
+"""The request path of the gateway: normalise, decide what the cache may do (policy), look up (bounded),
+answer a hit itself (JSON or SSE), forward a miss to the upstream and relay its answer (streamed chunk
+by chunk), store a good answer in the background, and follow conversations (context.lifecycle.v1)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+from prometheus_client import Counter
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from schemas.events import MAX_KEY_CHARS, ConversationEnded, ConversationStarted, Event
+from services.gateway.answers import as_served, error_body, response_id
+from services.gateway.conversations import Conversations, Served, ServedAnswers
+from services.gateway.policy import CachePolicy, Directives
+from services.gateway.requests import (
+    BadRequest,
+    Normalised,
+    Route,
+    check_tenant,
+    normalise_chat,
+    normalise_completion,
+)
+from services.gateway.settings import GatewaySettings
+from services.gateway.sse import DONE, SseParser, assemble, replay
+from services.gateway.tier_cache import CachedAnswer, Entry, LookupResult, TierCache
+from services.gateway.upstream import Upstream, UpstreamUnavailable
+
+log = logging.getLogger(__name__)
+
+EVENTS = Counter(
+    "cachemesh_gateway_requests_total",
+    "Gateway outcomes: hit, miss, bypass, lookup_<timeout|error|skipped>, hedged, upstream_errors, ...",
+    ["outcome"],
+)
+
+Publish = Callable[[Event, bool], Awaitable[None]]
+CONVERSATION_HEADER = "x-cachemesh-conversation-id"
+TENANT_HEADER = "x-cachemesh-tenant"
+_PATHS: dict[Route, str] = {"chat": "/chat/completions", "completion": "/completions"}
+
+
+def problem(status: int, message: str, *, kind: str, code: str | None = None, **headers: str) -> Response:
+    return JSONResponse(error_body(message, kind=kind, code=code), status_code=status, headers=headers)
+
+
+def _relayed(response: httpx.Response, headers: dict[str, str]) -> Response:
+    """The upstream's answer as it came (status, body, type), with the gateway's headers."""
+    media = response.headers.get("content-type", "application/json")
+    return Response(response.content, status_code=response.status_code, media_type=media, headers=headers)
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        cache: TierCache,
+        upstream: Upstream,
+        publish: Publish,
+        *,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.cache = cache
+        self.upstream = upstream
+        self.publish = publish
+        self.policy = CachePolicy(settings.sampling_policy, settings.cache_tools)
+        self.conversations = Conversations(
+            idle_ms=settings.conversation_idle_ms, max_tracked=settings.max_conversations, clock=clock_ms
+        )
+        self.served = ServedAnswers(settings.max_feedback_refs)
+        self.counts: dict[str, int] = {
+            "hit": 0, "miss": 0, "bypass": 0, "lookup_timeout": 0, "lookup_error": 0,
+            "upstream_errors": 0, "stores_skipped": 0, "publish_errors": 0, "hedged": 0,
+            "hedge_won_by_upstream": 0,
+        }  # fmt: skip
+        self._stores: set[asyncio.Task[bool]] = set()
+        self._emits: set[asyncio.Task[None]] = set()
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+        EVENTS.labels(name).inc()
+
+    # --- completions ----------------------------------------------------------------------------
+
+    async def complete(self, route: Route, raw: bytes, headers: Mapping[str, str]) -> Response:
+        try:
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                raise BadRequest("the body is not valid JSON") from None
+            tenant = check_tenant(headers.get(TENANT_HEADER))
+            req = (
+                normalise_chat(body, tenant, self.settings.max_messages)
+                if route == "chat"
+                else normalise_completion(body, tenant)
+            )
+            trace_id = self._conversation(headers.get(CONVERSATION_HEADER), req.model)
+        except BadRequest as exc:
+            return problem(exc.status, str(exc), kind="invalid_request_error")
+        plan = self.policy.plan(req, Directives.from_headers(headers))
+        out = {"x-cachemesh-cache": plan.label, "x-cachemesh-key": req.key}
+        if plan.reason is not None:
+            out["x-cachemesh-bypass-reason"] = plan.reason
+        prompt = req.prompt if req.prompt and len(req.prompt) <= self.settings.max_semantic_chars else None
+        entry = None
+        if plan.store:
+            tags = {"source": "gateway", "route": route, "model": req.model}
+            if req.tenant:
+                tags["tenant"] = req.tenant
+            entry = Entry(req.key, req.namespace, prompt, trace_id, self.settings.ttl_hint_ms, tags)
+
+        def forward() -> Awaitable[Response]:
+            if req.stream:
+                return self._relay_stream(_PATHS[route], raw, headers, out, entry)
+            return self._forward(_PATHS[route], raw, headers, out, entry)
+
+        try:
+            if not plan.lookup:
+                self._count(plan.label)
+                return await forward()
+            hedge_ms = self.settings.hedge_after_ms
+            if hedge_ms is None:
+                found = await self.cache.lookup(req.key, prompt, req.namespace, trace_id)
+            else:
+                lookup = asyncio.create_task(self.cache.lookup(req.key, prompt, req.namespace, trace_id))
+                await asyncio.wait({lookup}, timeout=hedge_ms / 1000)
+                if not lookup.done():
+                    return await self._hedged(req, lookup, asyncio.ensure_future(forward()), prompt, out)
+                found = lookup.result()
+            if found.hit is not None:
+                self._count("hit")
+                return self._serve(req, found.hit, prompt)
+            self._note_miss(found, out)
+            return await forward()
+        except UpstreamUnavailable as exc:
+            self._count("upstream_errors")
+            if exc.retry_after_s is not None:
+                out["retry-after"] = str(exc.retry_after_s)
+            return problem(exc.status, str(exc), kind="upstream_error", code=exc.code, **out)
+
+    def _note_miss(self, found: LookupResult, out: dict[str, str]) -> None:
+        self._count("miss")
+        out["x-cachemesh-lookup-ms"] = f"{found.latency_ms:.2f}"
+        if found.outcome != "miss":
+            out["x-cachemesh-lookup"] = found.outcome
+            self._count(f"lookup_{found.outcome}")
+
+    async def _hedged(
+        self,
+        req: Normalised,
+        lookup: asyncio.Task[LookupResult],
+        upstream: asyncio.Future[Response],
+        prompt: str | None,
+        out: dict[str, str],
+    ) -> Response:
+        """The lookup is slow: the upstream is asked too, and the first answer wins. A hit cancels the
+        upstream call (which has not answered yet); an upstream answer cancels the lookup."""
+        self._count("hedged")
+        # Set before the forward has run: its response takes the headers when the upstream answers.
+        out["x-cachemesh-lookup"] = "hedged"
+        racing: set[asyncio.Future[Any]] = {lookup, upstream}
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        # Both done: an upstream answer already open (a stream holds a connection) is the one served.
+        if lookup.done() and (not upstream.done() or lookup.result().hit is None):
+            found = lookup.result()
+            if found.hit is not None:
+                upstream.cancel()
+                await asyncio.gather(upstream, return_exceptions=True)
+                self._count("hit")
+                return self._serve(req, found.hit, prompt)
+            self._note_miss(found, out)
+            return await upstream
+        if upstream.exception() is not None:
+            # The upstream failed (breaker open, refused): the cache may still have the answer.
+            found = await lookup
+            if found.hit is not None:
+                self._count("hit")
+                return self._serve(req, found.hit, prompt)
+            self._note_miss(found, out)
+            return upstream.result()  # raises the upstream's failure
+        if not lookup.done():
+            lookup.cancel()
+            await asyncio.gather(lookup, return_exceptions=True)
+        self._count("miss")
+        self._count("hedge_won_by_upstream")
+        return upstream.result()
+
+    def _serve(self, req: Normalised, hit: CachedAnswer, prompt: str | None) -> Response:
+        rid, created = response_id(req.route), int(time.time())
+        self.served.add(rid, Served(hit.key, prompt, hit.match))
+        headers = {
+            "x-cachemesh-cache": "hit",
+            "x-cachemesh-key": hit.key,
+            "x-cachemesh-match": hit.match,
+            "x-cachemesh-similarity": f"{1.0 if hit.similarity is None else hit.similarity:.4f}",
+        }
+        if hit.tier is not None:
+            headers["x-cachemesh-tier"] = hit.tier
+        if req.stream:
+            frames = replay(
+                hit.answer,
+                response_id=rid,
+                created=created,
+                chunk_chars=self.settings.stream_chunk_chars,
+                include_usage=req.include_usage,
+            )
+            return StreamingResponse(_iterate(frames), media_type="text/event-stream", headers=headers)
+        return JSONResponse(as_served(hit.answer, rid=rid, created=created), headers=headers)
+
+    async def _forward(
+        self, path: str, raw: bytes, incoming: Mapping[str, str], out: dict[str, str], entry: Entry | None
+    ) -> Response:
+        response = await self.upstream.request("POST", path, self.upstream.headers(incoming), raw)
+        if response.status_code >= 400:
+            self._count("upstream_errors")
+        elif entry is not None and len(response.content) <= self.settings.max_answer_bytes:
+            try:
+                answer = response.json()
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict) and self.policy.storable(answer):
+                self._store_later(entry, answer)
+        return _relayed(response, out)
+
+    async def _relay_stream(
+        self, path: str, raw: bytes, incoming: Mapping[str, str], out: dict[str, str], entry: Entry | None
+    ) -> Response:
+        response = await self.upstream.open_stream(path, self.upstream.headers(incoming), raw)
+        if response.status_code != 200:
+            self._count("upstream_errors")
+            return _relayed(response, out)
+        out["cache-control"] = "no-cache"
+        return StreamingResponse(self._relay(response, entry), media_type="text/event-stream", headers=out)
+
+    async def _relay(self, response: httpx.Response, entry: Entry | None) -> AsyncIterator[bytes]:
+        """The upstream's bytes as they come; parsed on the side, and the whole answer stored once the
+        stream ended with [DONE] (a stream cut short is relayed but never stored)."""
+        parser, chunks, size, done, failed = SseParser(self.settings.max_answer_bytes), [], 0, False, False
+        try:
+            async for piece in response.aiter_raw():
+                yield piece
+                if entry is None:
+                    continue
+                size += len(piece)
+                for data in parser.feed(piece):
+                    if data == DONE:
+                        done = True
+                        continue
+                    try:
+                        chunks.append(json.loads(data))
+                    except ValueError:
+                        entry = None  # not the OpenAI stream format: relay only
+                        break
+                if size > self.settings.max_answer_bytes or parser.overflowed:
+                    entry = None
+        except httpx.HTTPError as exc:
+            failed = True
+            self._count("upstream_errors")
+            log.warning("upstream stream broke off", extra={"error": repr(exc)})
+        finally:
+            await response.aclose()
+            # A caller that went away is no fault of the upstream's.
+            self.upstream.stream_done(not failed)
+        if entry is not None and done and not failed:
+            answer = assemble(chunks)
+            if answer is not None and self.policy.storable(answer):
+                self._store_later(entry, answer)
+
+    def _store_later(self, entry: Entry, answer: dict[str, Any]) -> None:
+        if len(self._stores) >= self.settings.max_pending_stores:
+            self._count("stores_skipped")
+            return
+        task = asyncio.create_task(self.cache.store(entry, answer))
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+
+    async def drain(self, timeout_s: float = 2.0) -> None:
+        """Let the writes and events in flight finish (bounded), then cancel the rest."""
+        pending = self._stores | self._emits
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+
+    @property
+    def pending_stores(self) -> int:
+        return len(self._stores)
+
+    # --- models ---------------------------------------------------------------------------------
+
+    async def models(self, headers: Mapping[str, str]) -> Response:
+        try:
+            response = await self.upstream.request("GET", "/models", self.upstream.headers(headers))
+        except UpstreamUnavailable as exc:
+            return problem(exc.status, str(exc), kind="upstream_error", code=exc.code)
+        return _relayed(response, {})
+
+    # --- conversations and feedback -------------------------------------------------------------
+
+    def _conversation(self, conversation_id: str | None, model: str) -> str | None:
+        if conversation_id is None:
+            return None
+        conversation_id = _check_conversation(conversation_id)
+        if self.conversations.touch(conversation_id):
+            self._emit(ConversationStarted(trace_id=conversation_id, model=model))
+        return conversation_id
+
+    def _emit(self, event: Event) -> None:
+        """Out on Kafka without holding the request: the producer batches it."""
+
+        async def send() -> None:
+            try:
+                await self.publish(event, False)
+            except Exception as exc:  # statistics of a conversation: never fail a request for it
+                self._count("publish_errors")
+                log.warning("lifecycle event not published", extra={"error": repr(exc)})
+
+        task = asyncio.create_task(send())
+        self._emits.add(task)
+        task.add_done_callback(self._emits.discard)
+
+    async def end_conversation(self, conversation_id: str) -> Response:
+        try:
+            conversation_id = _check_conversation(conversation_id)
+        except BadRequest as exc:
+            return problem(400, str(exc), kind="invalid_request_error")
+        tracked = self.conversations.end(conversation_id)
+        await self._emitted()
+        try:
+            # Acknowledged before the answer: once the caller hears "ended", the end is on Kafka.
+            await self.publish(ConversationEnded(trace_id=conversation_id), True)
+        except Exception as exc:
+            self._count("publish_errors")
+            return problem(503, f"could not publish the conversation's end: {exc!r}", kind="server_error")
+        return JSONResponse({"conversation_id": conversation_id, "ended": True, "tracked": tracked}, 202)
+
+    async def _emitted(self, timeout_s: float = 2.0) -> None:
+        """Let the starts still being sent go first: one conversation's events share a partition, and
+        an end ahead of its start would leave the conversation open for whoever reads them."""
+        if self._emits:
+            await asyncio.wait(set(self._emits), timeout=timeout_s)
+
+    async def end_idle(self) -> list[str]:
+        ended = self.conversations.idle()
+        if ended:
+            await self._emitted()
+        for conversation_id in ended:
+            await self.publish(ConversationEnded(trace_id=conversation_id), False)
+        return ended
+
+    async def feedback(self, body: Any) -> Response:
+        """ "That answer was wrong" (or right): by the response id a hit gave, or by key and request
+        text. The tier node's match decision learns from it; a wrong exact hit (or `evict: true`) also
+        removes the entry, since the stored answer itself is what was wrong."""
+        if not isinstance(body, dict):
+            return problem(400, "the body must be a JSON object", kind="invalid_request_error")
+        correct = body.get("correct", False)
+        if not isinstance(correct, bool):
+            return problem(400, "correct must be true or false", kind="invalid_request_error")
+        served = self.served.get(str(body["response_id"])) if body.get("response_id") else None
+        if body.get("response_id") and served is None:
+            return problem(404, "no answer served from the cache under that response_id", kind="not_found")
+        key = body.get("key") or (served.key if served else None)
+        text = body.get("text") or (served.prompt if served else None)
+        if not isinstance(key, str) or not key:
+            return problem(400, "give response_id, or key (and text)", kind="invalid_request_error")
+        evict = body.get("evict")
+        if evict is None:
+            evict = not correct and (served is None or served.match == "exact")
+        out: dict[str, Any] = {"key": key, "correct": correct, "evicted": False, "tier_feedback": None}
+        try:
+            if isinstance(text, str) and text:
+                status, data = await self.cache.feedback(key, text, correct)
+                if status >= 400 and not (status in (404, 422) and evict):
+                    return JSONResponse({"error": {"message": str(data), "type": "cache_error"}}, status)
+                out["tier_feedback"] = data if status < 400 else None
+            if evict:
+                out["evicted"] = await self.cache.delete(key)
+        except httpx.HTTPError as exc:
+            return problem(503, f"the tier node is unreachable: {exc!r}", kind="cache_error")
+        return JSONResponse(out)
+
+
+def _check_conversation(value: str) -> str:
+    value = value.strip()
+    if not value or len(value) > MAX_KEY_CHARS or not value.isprintable():
+        raise BadRequest(f"{CONVERSATION_HEADER} must be 1-{MAX_KEY_CHARS} printable characters")
+    return value
+
+
+async def _iterate(frames: Any) -> AsyncIterator[bytes]:
+    for piece in frames:
+        yield piece

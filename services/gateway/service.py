@@ -1,0 +1,213 @@
+"""The gateway's lifecycle: opens the Kafka publisher (context.lifecycle.v1), the HTTP clients of the
+tier node and the upstream, and the OpenAI-compatible API; runs the loop that ends idle conversations."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Generator, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, ClassVar
+
+import httpx
+import uvicorn
+
+from schemas.events import Event
+from services.gateway.api import create_app
+from services.gateway.breaker import BreakerStats, FailureBreaker
+from services.gateway.proxy import Proxy
+from services.gateway.settings import GatewaySettings
+from services.gateway.tier_cache import TierCache
+from services.gateway.upstream import Upstream
+from services.runtime.kafka import EventPublisher
+from services.runtime.service import Loop, Service
+
+log = logging.getLogger(__name__)
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class _ApiServer(uvicorn.Server):
+    """uvicorn inside the service's event loop; signals stay with `run_service`."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def _breaker_dict(stats: BreakerStats) -> dict[str, Any]:
+    return {
+        "state": stats.state,
+        "opened": stats.opened,
+        "rejected": stats.rejected,
+        "failures": stats.failures,
+        "reason": stats.reason,
+    }
+
+
+class GatewayService(Service):
+    name: ClassVar[str] = "gateway"
+    settings: GatewaySettings
+
+    def __init__(self, settings: GatewaySettings | None = None) -> None:
+        super().__init__(settings or GatewaySettings())
+        self.proxy: Proxy | None = None
+        self.publisher: EventPublisher | None = None
+        self.api_port: int | None = None
+        self._api: _ApiServer | None = None
+        self._api_sockets: list[socket.socket] = []
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.settings.api_host}:{self.api_port}"
+
+    async def open(self, stack: AsyncExitStack) -> None:
+        s = self.settings
+        self.publisher = await self.open_publisher(stack)
+        tiers_headers = (
+            {"authorization": f"Bearer {s.tiers_token.get_secret_value()}"} if s.tiers_token else {}
+        )
+        tiers_http = httpx.AsyncClient(
+            base_url=s.tiers_url,
+            headers=tiers_headers,
+            timeout=httpx.Timeout(s.store_timeout_ms / 1000),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
+        )
+        stack.push_async_callback(tiers_http.aclose)
+        upstream_http = httpx.AsyncClient(
+            base_url=s.upstream_url.rstrip("/"),
+            timeout=httpx.Timeout(s.upstream_timeout_ms / 1000, connect=s.upstream_connect_timeout_ms / 1000),
+            limits=httpx.Limits(
+                max_connections=s.upstream_max_connections,
+                max_keepalive_connections=s.upstream_max_connections,
+            ),
+        )
+        stack.push_async_callback(upstream_http.aclose)
+        cache = TierCache(
+            tiers_http,
+            FailureBreaker(
+                consecutive=s.cache_breaker_consecutive,
+                window=max(10, s.cache_breaker_consecutive),
+                min_calls=max(10, s.cache_breaker_consecutive),
+                failure_ratio=1.0,
+                cooldown_ms=s.cache_breaker_cooldown_ms,
+                clock=monotonic_ms,
+            ),
+            lookup_timeout_s=s.lookup_timeout_ms / 1000,
+            store_timeout_s=s.store_timeout_ms / 1000,
+            similarity_tolerance=s.similarity_tolerance,
+            invalidate_threshold=s.invalidate_threshold,
+        )
+        upstream = Upstream(
+            upstream_http,
+            FailureBreaker(
+                failure_ratio=s.breaker_failure_ratio,
+                consecutive=s.breaker_consecutive,
+                window=s.breaker_window,
+                min_calls=s.breaker_min_calls,
+                cooldown_ms=s.breaker_cooldown_ms,
+                clock=monotonic_ms,
+            ),
+            timeout_s=s.upstream_timeout_ms / 1000,
+            api_key=s.upstream_api_key.get_secret_value() if s.upstream_api_key else None,
+            pass_authorization=s.api_token is None,
+        )
+        self.proxy = Proxy(s, cache, upstream, self._publish, clock_ms=monotonic_ms)
+        # Registered after the clients, so it runs before they close: answers in flight get stored.
+        stack.push_async_callback(self.proxy.drain)
+        await self._start_api(stack)
+
+    async def _publish(self, event: Event, wait: bool) -> None:
+        assert self.publisher is not None
+        await self.publisher.publish(event, wait=wait)
+
+    async def _start_api(self, stack: AsyncExitStack) -> None:
+        assert self.proxy is not None
+        s = self.settings
+        # IPPROTO_TCP explicitly so asyncio turns Nagle off on accepted sockets (see the tier node's API).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((s.api_host, s.api_port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"gateway API cannot listen on {s.api_host}:{s.api_port}: {exc}") from exc
+        self.api_port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            create_app(self.proxy, s, self.stats),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=2,
+            server_header=False,
+        )
+        config.load()
+        server = _ApiServer(config)
+        server.lifespan = config.lifespan_class(config)
+        await server.startup(sockets=[sock])
+        self._api, self._api_sockets = server, [sock]
+        stack.push_async_callback(self._stop_api)
+        log.info("gateway API listening", extra={"url": self.api_url, "upstream": s.upstream_url})
+
+    async def _stop_api(self) -> None:
+        server, self._api = self._api, None
+        if server is not None:
+            server.should_exit = True
+            await server.shutdown(sockets=self._api_sockets)
+
+    def loops(self) -> Sequence[Loop]:
+        return (self._end_idle_conversations, self._api_ticks)
+
+    async def _end_idle_conversations(self) -> None:
+        assert self.proxy is not None
+        while True:
+            await asyncio.sleep(self.settings.idle_sweep_interval_ms / 1000)
+            try:
+                ended = await self.proxy.end_idle()
+            except Exception as exc:  # the broker is away: the next sweep ends the next idle ones
+                log.warning("ending idle conversations failed", extra={"error": repr(exc)})
+                continue
+            if ended:
+                log.info("idle conversations ended", extra={"conversations": len(ended)})
+
+    async def _api_ticks(self) -> None:
+        if self._api is not None:
+            await self._api.main_loop()  # keeps uvicorn's Date header fresh until shutdown
+
+    def stats(self) -> dict[str, Any]:
+        proxy = self.proxy
+        if proxy is None:
+            return {}
+        return {
+            "api": {
+                "url": self.api_url if self.api_port else None,
+                "auth": self.settings.api_token is not None,
+            },
+            "upstream": {
+                "url": self.settings.upstream_url,
+                "calls": proxy.upstream.calls,
+                "breaker": _breaker_dict(proxy.upstream.breaker.stats()),
+            },
+            "cache": {
+                "url": self.settings.tiers_url,
+                "breaker": _breaker_dict(proxy.cache.breaker.stats()),
+                "pending_stores": proxy.pending_stores,
+                **proxy.cache.counts,
+            },
+            "requests": dict(proxy.counts),
+            "conversations": {
+                "tracked": len(proxy.conversations),
+                "forgotten": proxy.conversations.forgotten,
+            },
+        }
+
+    async def checks(self) -> dict[str, Any]:
+        # The upstream's and the cache's state are reported, not judged: a gateway whose model server is
+        # down still answers hits and says why it cannot answer the rest.
+        return {"api_serving": self._api is not None and self._api.started, "gateway": self.stats()}
