@@ -94,7 +94,9 @@ class TieredCache(TierReads):
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
         if meta.embedding is not None:
-            dropped = self._stale_neighbours(meta.embedding, threshold, meta.prompt_text) - {meta.key}
+            dropped = (
+                self._stale_neighbours(meta.embedding, threshold, meta.prompt_text, meta.model) - {meta.key}
+            )
             for key in dropped:
                 self._drop_local(key, "invalidated")
         self._drop_local(meta.key, "replaced")
@@ -120,14 +122,18 @@ class TieredCache(TierReads):
         )
         return PutResult(meta.key, len(blob), tiers, persisted, tuple(sorted(dropped)), now)
 
-    def _stale_neighbours(self, embedding: npt.ArrayLike, threshold: float, text: str | None) -> set[str]:
-        """Local entries a write of prompt `text` at `embedding` makes stale: at least `threshold`
-        similar, and asking the same question (no guard fires when both prompts are known)."""
+    def _stale_neighbours(
+        self, embedding: npt.ArrayLike, threshold: float, text: str | None, model: str | None
+    ) -> set[str]:
+        """Local entries a write of prompt `text` at `embedding` for `model` makes stale: of the same
+        model (a lookup never matches across models, so a write must not drop another model's or
+        tenant's entry either), at least `threshold` similar, and asking the same question (no guard
+        fires when both prompts are known)."""
         q = normalize(embedding)[0]
         stale = set()
         for key in self._similar_local(embedding, threshold):
             meta = self._local_meta(key)
-            if meta is None or meta.embedding is None:
+            if meta is None or meta.embedding is None or (model is not None and meta.model != model):
                 continue
             sim = float(normalize(meta.embedding)[0] @ q)
             if self.matcher.same_question(text, meta, min(sim, 1.0), threshold):
@@ -215,7 +221,7 @@ class TieredCache(TierReads):
             if len(event.embedding) == self.dim:
                 try:
                     candidates |= self._stale_neighbours(
-                        event.embedding, event.similarity_threshold, event.prompt_text
+                        event.embedding, event.similarity_threshold, event.prompt_text, event.model
                     )
                 except ValueError:  # a zero vector has no cosine: the exact key still goes
                     log.warning("invalidation with an unusable embedding", extra={"key": event.key})

@@ -171,3 +171,25 @@ async def test_a_delta_switches_on_the_learned_decision() -> None:
 def test_the_match_delta_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CACHEMESH_TIERS_MATCH_DELTA", "0.05")
     assert TiersSettings().match_delta == 0.05
+
+
+async def test_a_write_invalidates_neighbours_of_its_own_model_only() -> None:
+    # Lookups never match across models (or the gateway's tenants, which are part of the model):
+    # neither may a write's semantic invalidation, on the writing node or on a receiving one.
+    rig = make(node="b")
+    other = EntryMeta(key="other:pw", kind="prompt", model="m2", embedding=embed(RESET), prompt_text=RESET)
+    await rig.cache.put(other, encode_text("m2's answer", model="m2"))
+    assert await put(rig, "p", PARAPHRASE) == ()
+    assert "other:pw" in rig.cache.l1
+    emb = embed(PARAPHRASE).astype(float).tolist()
+    event = CacheInvalidated(
+        key="q",
+        model="m",
+        embedding=emb,
+        similarity_threshold=0.92,
+        origin_node_id="a",
+        prompt_text=PARAPHRASE,
+    )
+    assert "other:pw" not in rig.cache.on_invalidated(event)
+    event = event.model_copy(update={"model": "m2"})
+    assert "other:pw" in rig.cache.on_invalidated(event)
