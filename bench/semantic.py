@@ -15,10 +15,10 @@ guards, and the learned decision (matching/) at δ = 1%, 2%, 5% with guards, and
 "ceiling" rows are no method: per δ, the lowest fixed threshold (+ guards, grid 0.86-0.99) whose error
 on that half is <= δ, picked knowing the labels: what any similarity rule could at best reach there.
 
-    .venv/bin/python -m bench.semantic [--seeds 5] [--feedback-rate 0.5] [--candidates 3]
+    .venv/bin/python -m bench.semantic [--seeds 5] [--feedback-rate 0.5] [--candidates 3] [--embedder onnx]
 
 Writes bench/results/semantic.{csv,md} and semantic.png; embeddings are cached in
-bench/results/semantic_embeddings.npz.
+bench/results/semantic_embeddings.npz (torch; semantic_embeddings_<backend>.npz for the others).
 """
 
 from __future__ import annotations
@@ -90,19 +90,27 @@ def _ambiguous(pairs: list[Pair], jaccard: float = 0.5) -> set[int]:
     return drop
 
 
-def embed(texts: list[str], out: Path) -> dict[str, np.ndarray]:
-    """Unit-norm MiniLM embeddings, cached per text in OUT (only texts not seen before are embedded)."""
-    path = out / "semantic_embeddings.npz"
+def embed(
+    texts: list[str],
+    out: Path,
+    backend: str = "torch",
+    encode: Callable[[list[str]], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Unit-norm MiniLM embeddings from `backend` (or from `encode`, named `backend`), cached per text
+    in OUT/semantic_embeddings[_backend].npz (only texts not seen before are embedded)."""
+    path = out / ("semantic_embeddings.npz" if backend == "torch" else f"semantic_embeddings_{backend}.npz")
     known: dict[str, np.ndarray] = {}
     if path.exists():
         cached = np.load(path)
         known = dict(zip(cached["texts"].tolist(), cached["emb"], strict=True))
     missing = [t for t in texts if t not in known]
     if missing:
-        from services.tiers.edge.embedder import Embedder
+        if encode is None:
+            from services.tiers.edge.embedder import Embedder
 
+            encode = Embedder(threads=2, backend=backend).embed_blocking  # type: ignore[arg-type]
         started = time.perf_counter()
-        known.update(zip(missing, Embedder(threads=2).embed_blocking(missing), strict=True))
+        known.update(zip(missing, encode(missing), strict=True))
         print(f"embedded {len(missing)} texts in {time.perf_counter() - started:.0f} s")
         out.mkdir(parents=True, exist_ok=True)
         np.savez(path, texts=np.array(list(known)), emb=np.stack(list(known.values())))
@@ -273,7 +281,7 @@ def run(args: argparse.Namespace, console: Console) -> list[dict[str, object]]:
     console.print(f"{len(pairs)} pairs ({dropped} ambiguous GPTCache pairs left out)")
     world = build_world(pairs)
     texts = sorted(world.answer)
-    vectors = embed(texts, args.out)
+    vectors = embed(texts, args.out, args.embedder)
     rows: list[dict[str, object]] = []
     # The test half continues with the pool each seed learned on the dev half (its entries are new):
     # in production the pooled model persists, and a half of ~1,000 prompts is short for a cold start.
@@ -459,6 +467,7 @@ def main() -> None:
         "--cold-test", dest="warm_test", action="store_false", help="start the test half's learner cold too"
     )
     parser.add_argument("--candidates", type=int, default=3, help="nearest entries considered per request")
+    parser.add_argument("--embedder", default="torch", choices=("torch", "onnx", "onnx-int8"))
     args = parser.parse_args()
     console = Console(width=140)
     report(run(args, console), args, console)

@@ -69,7 +69,7 @@ class TiersService(Service):
     def __init__(self, settings: TiersSettings | None = None) -> None:
         super().__init__(settings or TiersSettings())
         self.cache: TieredCache | None = None
-        self.embedder = Embedder(threads=self.settings.embedder_threads)
+        self.embedder = Embedder(threads=self.settings.embedder_threads, backend=self.settings.embedder)
         self.publisher: EventPublisher | None = None
         self.l3: PostgresL3Store | None = None
         self.block_server: TcpBlockServer | None = None

@@ -121,6 +121,8 @@ class TiersSettings(ServiceSettings):
     # Load the model in the background right after start (False: on the first text request).
     embedder_preload: bool = True
     embedder_threads: Annotated[int, Field(gt=0)] = 1
+    # torch | onnx (the same weights on onnxruntime; bench/embedders.py) | onnx-int8 (needs `onnx`).
+    embedder: Literal["torch", "onnx", "onnx-int8"] = "onnx"
 
     @field_validator("l2_peers", mode="before")
     @classmethod
