@@ -121,12 +121,14 @@ class Embedder:
         batch_size: int = 64,
         cache_entries: int = 10_000,
         backend: Backend = DEFAULT_BACKEND,
+        max_call_texts: int = 32,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"embedder backend must be one of {BACKENDS}, got {backend!r}")
         self.backend_wanted: Backend = backend
         self.backend: Backend | None = None  # the one loaded (after any fallback)
         self.threads = threads
+        self.max_call_texts = max_call_texts
         self.device = device
         self.batch_size = batch_size
         self.dim = DIM
@@ -142,6 +144,7 @@ class Embedder:
         self._draining: asyncio.Task[None] | None = None
         self.encoded_texts = 0  # texts the model encoded (cache misses)
         self.batches = 0
+        self.encode_seconds = 0.0  # in model calls, thread handoff included
 
     def _load_blocking(self) -> Encode:
         with self._lock:
@@ -209,11 +212,25 @@ class Embedder:
         while len(self._cache) > self.cache_entries:
             self._cache.popitem(last=False)
 
+    def _next_batch(self) -> list[tuple[list[str], asyncio.Future[np.ndarray]]]:
+        """The oldest waiters, up to `max_call_texts` distinct texts (at least one waiter): under a backlog,
+        one call for everything waiting would make the first request wait for the last one's text too."""
+        seen: set[str] = set()
+        for taken, (wanted, _) in enumerate(self._waiting):
+            seen.update(wanted)
+            if len(seen) > self.max_call_texts and taken > 0:
+                break
+        else:
+            taken = len(self._waiting)
+        batch, self._waiting = self._waiting[:taken], self._waiting[taken:]
+        return batch
+
     async def _drain(self) -> None:
-        """Encode what is waiting, all of it in one model call, until nothing waits."""
+        """Encode what is waiting, the oldest first, a batch per model call, until nothing waits."""
         while self._waiting:
-            batch, self._waiting = self._waiting, []
+            batch = self._next_batch()
             texts = list(dict.fromkeys(t for wanted, _ in batch for t in wanted))
+            started = time.perf_counter()
             try:
                 vectors = await self._encode(texts)
             except BaseException as exc:
@@ -224,6 +241,7 @@ class Embedder:
                     raise
                 continue
             row = {t: vectors[i] for i, t in enumerate(texts)}
+            self.encode_seconds += time.perf_counter() - started
             self.encoded_texts += len(texts)
             self.batches += 1
             for wanted, done in batch:
@@ -249,4 +267,5 @@ class Embedder:
             "cached_texts": len(self._cache),
             "encoded_texts": self.encoded_texts,
             "batches": self.batches,
+            "encode_s": round(self.encode_seconds, 3),
         }
