@@ -131,7 +131,11 @@ class TiersService(Service):
             l3_timeout_s=s.l3_timeout_ms / 1000,
             l3_candidates=s.l3_candidates,
             max_pending_l3_writes=s.max_pending_l3_writes,
-            matcher=Matcher(delta=s.match_delta, default_tolerance=s.default_similarity_tolerance),
+            matcher=Matcher(
+                delta=s.match_delta,
+                default_tolerance=s.default_similarity_tolerance,
+                deltas=dict(s.match_delta_by),
+            ),
         )
         await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.

@@ -82,6 +82,8 @@ class TiersSettings(ServiceSettings):
     # that bound δ on the rate of wrong answers served (matching/threshold.py; not yet the default: it
     # does not meet its targets in bench/semantic.py).
     match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
+    # With match_delta set: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
+    match_delta_by: dict[str, Annotated[float, Field(gt=0.0, lt=0.5)]] = Field(default_factory=dict)
 
     # --- request bounds ----------------------------------------------------------------------
     max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20
