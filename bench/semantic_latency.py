@@ -228,6 +228,17 @@ async def stats(url: str) -> dict[str, Any]:
     return report.get("embedder") or {}
 
 
+async def forget(dsn: str, model: str) -> None:
+    """Delete this run's entries from L3: Postgres may be shared, and other lookups would find them."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("DELETE FROM cache_descriptors WHERE model = $1", model)
+    finally:
+        await conn.close()
+
+
 async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, Any]]:
     pairs, _ = semantic.load_pairs(args.gptcache)
     texts = Texts(sorted(semantic.build_world(pairs).answer), args.seed)
@@ -290,6 +301,7 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
         finally:
             node.stop(30)
             shutil.rmtree(workdir, ignore_errors=True)
+            await forget(pg.dsn, model)
     if profile is not None and profile.exists():
         import pstats
 
