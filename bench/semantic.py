@@ -11,14 +11,15 @@ only. The dev half starts cold; the test half keeps the pooled model learned (fr
 the dev half, as a node's pool persists (`--cold-test` starts it cold).
 
 Methods: fixed cosine thresholds (0.60 is GPTCache's default, 0.92 the tier node's), 0.92 with the
-guards, and the learned decision (matching/) at δ = 1%, 2%, 5% with guards, and at 2% without. The
+guards, and the learned decision (matching/) at δ = 1%, 2%, 5% with guards for each pooled model
+(tail count bound, pooled sigmoid, pointwise sigmoid), and the tail at 2% without guards. The
 "ceiling" rows are no method: per δ, the lowest fixed threshold (+ guards, grid 0.86-0.99) whose error
 on that half is <= δ, picked knowing the labels: what any similarity rule could at best reach there.
 
-    .venv/bin/python -m bench.semantic [--seeds 5] [--feedback-rate 0.5] [--candidates 3]
+    .venv/bin/python -m bench.semantic [--seeds 5] [--feedback-rate 0.5] [--candidates 3] [--embedder onnx]
 
 Writes bench/results/semantic.{csv,md} and semantic.png; embeddings are cached in
-bench/results/semantic_embeddings.npz.
+bench/results/semantic_embeddings.npz (torch; semantic_embeddings_<backend>.npz for the others).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from rich.table import Table
 from infra.paths import shared_data_dir
 from matching import guards
 from matching.decision import Candidate, MatchDecision, Verdict
-from matching.threshold import EntryThreshold, ThresholdLearner
+from matching.threshold import POOLED_MODELS, EntryThreshold, ThresholdLearner
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
@@ -90,19 +91,27 @@ def _ambiguous(pairs: list[Pair], jaccard: float = 0.5) -> set[int]:
     return drop
 
 
-def embed(texts: list[str], out: Path) -> dict[str, np.ndarray]:
-    """Unit-norm MiniLM embeddings, cached per text in OUT (only texts not seen before are embedded)."""
-    path = out / "semantic_embeddings.npz"
+def embed(
+    texts: list[str],
+    out: Path,
+    backend: str = "torch",
+    encode: Callable[[list[str]], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
+    """Unit-norm MiniLM embeddings from `backend` (or from `encode`, named `backend`), cached per text
+    in OUT/semantic_embeddings[_backend].npz (only texts not seen before are embedded)."""
+    path = out / ("semantic_embeddings.npz" if backend == "torch" else f"semantic_embeddings_{backend}.npz")
     known: dict[str, np.ndarray] = {}
     if path.exists():
         cached = np.load(path)
         known = dict(zip(cached["texts"].tolist(), cached["emb"], strict=True))
     missing = [t for t in texts if t not in known]
     if missing:
-        from services.tiers.edge.embedder import Embedder
+        if encode is None:
+            from services.tiers.edge.embedder import Embedder
 
+            encode = Embedder(threads=2, backend=backend).embed_blocking  # type: ignore[arg-type]
         started = time.perf_counter()
-        known.update(zip(missing, Embedder(threads=2).embed_blocking(missing), strict=True))
+        known.update(zip(missing, encode(missing), strict=True))
         print(f"embedded {len(missing)} texts in {time.perf_counter() - started:.0f} s")
         out.mkdir(parents=True, exist_ok=True)
         np.savez(path, texts=np.array(list(known)), emb=np.stack(list(known.values())))
@@ -256,15 +265,17 @@ def simulate(
     return tally
 
 
-METHODS: list[tuple[str, float, bool, bool]] = [  # name, threshold or δ, learned, guards
-    ("fixed 0.60", 0.60, False, False),
-    ("fixed 0.80", 0.80, False, False),
-    ("fixed 0.92", 0.92, False, False),
-    ("fixed 0.92 + guards", 0.92, False, True),
-    ("learned δ=2%, no guards", 0.02, True, False),
-    ("learned δ=1% + guards", 0.01, True, True),
-    ("learned δ=2% + guards", 0.02, True, True),
-    ("learned δ=5% + guards", 0.05, True, True),
+METHODS: list[tuple[str, float, bool, bool, str]] = [  # name, threshold or δ, learned, guards, pooled model
+    ("fixed 0.60", 0.60, False, False, ""),
+    ("fixed 0.80", 0.80, False, False, ""),
+    ("fixed 0.92", 0.92, False, False, ""),
+    ("fixed 0.92 + guards", 0.92, False, True, ""),
+    ("learned tail δ=2%, no guards", 0.02, True, False, "tail"),
+    *(
+        (f"learned {model} δ={100 * delta:.0f}% + guards", delta, True, True, model)
+        for model in POOLED_MODELS
+        for delta in (0.01, 0.02, 0.05)
+    ),
 ]
 
 
@@ -273,13 +284,15 @@ def run(args: argparse.Namespace, console: Console) -> list[dict[str, object]]:
     console.print(f"{len(pairs)} pairs ({dropped} ambiguous GPTCache pairs left out)")
     world = build_world(pairs)
     texts = sorted(world.answer)
-    vectors = embed(texts, args.out)
+    vectors = embed(texts, args.out, args.embedder)
     rows: list[dict[str, object]] = []
     # The test half continues with the pool each seed learned on the dev half (its entries are new):
     # in production the pooled model persists, and a half of ~1,000 prompts is short for a cold start.
     pools: dict[tuple[str, int], ThresholdLearner] = {}
     for half_name, half in zip(("dev", "test"), world.halves, strict=True):
-        for name, param, learned, use_guards in METHODS:
+        for name, param, learned, use_guards, model in METHODS:
+            if args.methods and not any(m in name for m in args.methods.split(",")):
+                continue
 
             def make(
                 seed: int,
@@ -287,10 +300,12 @@ def run(args: argparse.Namespace, console: Console) -> list[dict[str, object]]:
                 param: float = param,
                 learned: bool = learned,
                 use_guards: bool = use_guards,
+                model: str = model,
             ) -> Fixed | Learned:
                 if not learned:
                     return Fixed(param, use_guards)
                 pool = pools.get((name, seed)) if args.warm_test else None
+                pool = pool or ThresholdLearner(delta=param, model=model)  # type: ignore[arg-type]
                 method = Learned(param, use_guards, random.Random(seed + 1000), pool)
                 pools[(name, seed)] = method.decision.learner
                 return method
@@ -459,6 +474,8 @@ def main() -> None:
         "--cold-test", dest="warm_test", action="store_false", help="start the test half's learner cold too"
     )
     parser.add_argument("--candidates", type=int, default=3, help="nearest entries considered per request")
+    parser.add_argument("--embedder", default="torch", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument("--methods", default="", help="comma-separated name parts: run only those methods")
     args = parser.parse_args()
     console = Console(width=140)
     report(run(args, console), args, console)

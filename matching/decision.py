@@ -9,6 +9,8 @@ below the floor it is never explored either. Neither set means the learned thres
 default of 0.92 should therefore be stored as None, or it will cap the hit rate at the old one).
 An empty text means unknown (a lookup by embedding alone, an entry stored without its prompt): the
 same-text check and the guards are skipped for that pair, and the threshold alone decides.
+δ per model: with `deltas` set, each candidate's `group` (the node uses the entry's model) has its own
+learner at that group's δ (matching/deltas.py), so one model's labels never set another's threshold.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from matching import guards
+from matching.deltas import DeltaTable
 from matching.threshold import EntryThreshold, ThresholdLearner
 
 # Cosine at which two prompts count as the same text for best_candidate's early stop (not for serving).
@@ -41,6 +44,7 @@ class Candidate:
     tier: int = 0
     similarity_tolerance: float | None = None
     state: EntryThreshold | None = None
+    group: str = ""  # whose δ and pooled learner apply (the entry's model); "" the default one
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +90,19 @@ class MatchDecision:
     draw: Callable[[], float]
     use_guards: bool = True
     guard_set: dict[str, guards.Guard] = field(default_factory=lambda: dict(guards.GUARDS))
+    deltas: DeltaTable | None = None
+    learners: dict[str, ThresholdLearner] = field(default_factory=dict)  # per group, made on first use
+
+    def learner_for(self, group: str) -> ThresholdLearner:
+        """The learner of `group`: `learner` itself unless `deltas` gives the group another δ."""
+        if self.deltas is None or not group:
+            return self.learner
+        delta = self.deltas.delta_for(group, self.learner.delta)
+        if delta == self.learner.delta and group not in self.deltas.by_group:
+            return self.learner
+        if group not in self.learners:
+            self.learners[group] = self.learner.fresh(delta)
+        return self.learners[group]
 
     def decide(
         self,
@@ -106,7 +123,7 @@ class MatchDecision:
             if hit is not None:
                 return MatchResult(Verdict.MISS, s, float("inf"), hit.reason, candidate, guard=hit.guard)
         low = floor(tolerance, candidate.similarity_tolerance)
-        assessment = self.learner.assess(candidate.state, s, self.draw())
+        assessment = self.learner_for(candidate.group).assess(candidate.state, s, self.draw())
         threshold = max(assessment.threshold, low) if low is not None else assessment.threshold
         if low is not None and s < low:
             return MatchResult(Verdict.MISS, s, threshold, f"similarity {s:.3f} < floor {low:.3f}", candidate)
@@ -131,8 +148,8 @@ class MatchDecision:
         served = [r for r in results if r.served]
         if served:
             best = max(served, key=lambda r: (r.exact, r.similarity, -_tier(r)))
-            if not best.exact:
-                self.learner.note_served()
+            if not best.exact and best.candidate is not None:
+                self.learner_for(best.candidate.group).note_served()
             return best
         explored = [r for r in results if r.verdict is Verdict.EXPLORE]
         if explored:
@@ -146,7 +163,8 @@ class MatchDecision:
         the model's answer agreed). Label only what was served or explored: the bound assumes so."""
         if candidate.state is None:
             raise ValueError("feedback needs the candidate's EntryThreshold state")
-        self.learner.observe(candidate.state, candidate.similarity, correct, explored=explored)
+        learner = self.learner_for(candidate.group)
+        learner.observe(candidate.state, candidate.similarity, correct, explored=explored)
 
 
 def _tier(result: MatchResult) -> int:

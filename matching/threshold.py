@@ -10,6 +10,10 @@ Pooled: serve at or above the lowest grid similarity t where a one-sided Wilson 
 rate is what serving from t yields. Labels are weighted by the inverse of the chance they were taken
 (Horvitz-Thompson): explorations by 1/explore_rate, ratings of served answers by served/rated, so that
 a band sampled rarely counts as much as it occurs; the bound uses the effective sample size.
+`model` "sigmoid" (the node's choice) certifies instead with a pooled sigmoid of P(correct | s) fitted
+across entries (matching/calibration.py): its upper bound on the served error, and never below the error
+rate the labels above t show; "sigmoid-point" bounds P(wrong | t) at the threshold itself (vCache's
+rule, stricter). bench/semantic.py, test half: at δ 5% the sigmoid hits 60% of paraphrases (tail: 20%).
 Per entry, on top: a candidate of an entry is never served at or below a similarity where that entry's
 own labels say it was wrong; entries without labels use the pooled threshold alone.
 Exploration: every candidate from `explore_floor` up to its serving threshold is explored with
@@ -30,6 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+
+from matching import calibration
+
+PooledModel = Literal["tail", "sigmoid", "sigmoid-point"]
+POOLED_MODELS: tuple[PooledModel, ...] = ("tail", "sigmoid", "sigmoid-point")
 
 
 def wilson_upper(rate: np.ndarray, n: np.ndarray, z: float) -> np.ndarray:
@@ -98,18 +107,25 @@ class ThresholdLearner:
     grid_step: float = 0.005
     max_entry_labels: int = 32
     max_pool_labels: int = 4096
+    # How the pool certifies a threshold: "tail" (the count bound above), "sigmoid" (matching/
+    # calibration.py: a pooled sigmoid's bound on the served error), "sigmoid-point" (its bound on
+    # P(wrong) at the threshold itself, vCache's rule).
+    model: PooledModel = "tail"
     pool_sims: list[float] = field(default_factory=list)
     pool_labels: list[bool] = field(default_factory=list)
     pool_explored: list[bool] = field(default_factory=list)
     served: int = 0  # answers served by similarity (not by key), the denominator of the rating rate
     rated: int = 0  # of those, how many were rated
     _fit: tuple[float, float | None] | None = field(default=None, repr=False)
+    _stale: int = field(default=0, repr=False)  # labels observed since `_fit`
 
     def __post_init__(self) -> None:
         if not 0.0 < self.delta < 0.5:
             raise ValueError(f"delta must be in (0, 0.5), got {self.delta}")
         if not 0.0 < self.explore_rate <= 1.0:
             raise ValueError(f"explore_rate must be in (0, 1], got {self.explore_rate}")
+        if self.model not in POOLED_MODELS:
+            raise ValueError(f"model must be one of {POOLED_MODELS}, got {self.model!r}")
 
     # -- feedback ---------------------------------------------------------------------------------------
 
@@ -133,35 +149,55 @@ class ThresholdLearner:
         if not explored:
             self.rated += 1
             self.served = max(self.served, self.rated)  # ratings of answers served before a restore
-        self._fit = None
+        # Refit after every label while the pool is small, then after each 1/64th of it: one label
+        # barely moves a bound over thousands, and a refit costs O(pool).
+        self._stale += 1
+        if self._stale > len(self.pool_sims) // 64 or self.cold or self._fit == (self.cold_threshold, None):
+            self._fit = None
 
     @property
     def cold(self) -> bool:
         return len(self.pool_sims) < self.min_labels
 
+    def weighted_pool(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(similarities ascending, wrong, Horvitz-Thompson weight) of the pool's labels."""
+        sims = np.asarray(self.pool_sims, dtype=np.float64)
+        wrong = ~np.asarray(self.pool_labels, dtype=bool)
+        explored = np.asarray(self.pool_explored, dtype=bool)
+        # Rated answers are a served/rated sample, explorations a 1/explore_rate one.
+        w = np.where(explored, 1.0 / self.explore_rate, self.served / max(self.rated, 1))
+        order = np.argsort(sims, kind="stable")
+        return sims[order], wrong[order], w[order]
+
     def bound_curve(self) -> tuple[np.ndarray, np.ndarray]:
-        """(grid t ascending, upper bound on the error rate of labelled candidates with similarity >= t)."""
+        """(grid t ascending, upper bound on the error rate served from t), by `model`."""
         grid = np.arange(self.explore_floor, 1.0, self.grid_step)
         if not self.pool_sims:
             return grid, np.ones_like(grid)
-        sims = np.asarray(self.pool_sims)
-        wrong = ~np.asarray(self.pool_labels)
-        explored = np.asarray(self.pool_explored)
-        # Rated answers are a served/rated sample, explorations a 1/explore_rate one.
-        w = np.where(explored, 1.0 / self.explore_rate, self.served / max(self.rated, 1))
-        order = np.argsort(sims)
-        sims, wrong, w = sims[order], wrong[order], w[order]
+        sims, wrong, w = self.weighted_pool()
         # Suffix sums: labels with similarity >= t start at searchsorted(sims, t).
         suffix = lambda x: np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])  # noqa: E731
         total, errors, squares = suffix(w), suffix(w * wrong), suffix(w * w)
         at = np.searchsorted(sims, grid, side="left")
         n_eff = np.divide(total[at] ** 2, squares[at], out=np.zeros(len(grid)), where=squares[at] > 0)
         rate = np.divide(errors[at], total[at], out=np.zeros(len(grid)), where=total[at] > 0)
-        return grid, wilson_upper(rate, n_eff, self.z_conf)
+        if self.model == "tail":
+            return grid, wilson_upper(rate, n_eff, self.z_conf)
+        theta, cov = calibration.fit_logistic(sims, ~wrong, w)
+        if theta[1] <= 0:  # correctness does not rise with similarity here: nothing to certify
+            return grid, np.ones_like(grid)
+        if self.model == "sigmoid-point":
+            bound = calibration.point_error_bound(grid, theta, cov, self.z_conf)
+        else:
+            bound = calibration.served_error_bound(grid, sims, w, theta, cov, self.z_conf)[1]
+        # A sigmoid says errors vanish as s -> 1; where the labels above t already err more often than
+        # the bound (wrong answers even between near-identical prompts), the observed rate stands.
+        return grid, np.maximum(bound, rate)
 
     def pooled_threshold(self) -> tuple[float, float | None]:
         """(serve from, its error bound) for an entry without labels; (inf, None) if no t clears δ."""
         if self._fit is None:
+            self._stale = 0
             if self.cold:
                 self._fit = (self.cold_threshold, None)
             else:
@@ -203,11 +239,26 @@ class ThresholdLearner:
             reason = f"similarity {similarity:.3f} < threshold {serve_from:.3f} ({tag})"
         return Assessment(action, similarity, serve_from, explore_from, bound, cold, reason)
 
+    def fresh(self, delta: float) -> ThresholdLearner:
+        """A learner with this one's options at another δ, and an empty pool."""
+        options = {
+            k: getattr(self, k)
+            for k in ("z_conf", "explore_rate", "cold_threshold", "explore_floor", "min_labels", "grid_step")
+        }
+        return ThresholdLearner(
+            delta=delta,
+            max_entry_labels=self.max_entry_labels,
+            max_pool_labels=self.max_pool_labels,
+            model=self.model,
+            **options,
+        )
+
     # -- persistence ------------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "delta": self.delta,
+            "model": self.model,
             "pool_sims": [round(s, 6) for s in self.pool_sims],
             "pool_labels": [int(c) for c in self.pool_labels],
             "pool_explored": [int(e) for e in self.pool_explored],
@@ -217,6 +268,7 @@ class ThresholdLearner:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], **options: Any) -> ThresholdLearner:
+        options.setdefault("model", data.get("model", "tail"))
         learner = cls(delta=float(data["delta"]), **options)
         learner.pool_sims = list(map(float, data.get("pool_sims", [])))
         learner.pool_labels = [bool(c) for c in data.get("pool_labels", [])]

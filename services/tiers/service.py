@@ -80,7 +80,7 @@ class TiersService(Service):
     def __init__(self, settings: TiersSettings | None = None) -> None:
         super().__init__(settings or TiersSettings())
         self.cache: TieredCache | None = None
-        self.embedder = Embedder(threads=self.settings.embedder_threads)
+        self.embedder = Embedder(threads=self.settings.embedder_threads, backend=self.settings.embedder)
         self.publisher: EventPublisher | None = None
         self.l3: PostgresL3Store | None = None
         self.block_server: TcpBlockServer | None = None
@@ -142,7 +142,11 @@ class TiersService(Service):
             l3_timeout_s=s.l3_timeout_ms / 1000,
             l3_candidates=s.l3_candidates,
             max_pending_l3_writes=s.max_pending_l3_writes,
-            matcher=Matcher(delta=s.match_delta, default_tolerance=s.default_similarity_tolerance),
+            matcher=Matcher(
+                delta=s.match_delta,
+                default_tolerance=s.default_similarity_tolerance,
+                deltas=dict(s.match_delta_by),
+            ),
             degrade=self._degrade_guard(),
         )
         await self._share_l2(stack)

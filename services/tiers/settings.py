@@ -83,6 +83,8 @@ class TiersSettings(ServiceSettings):
     # that bound δ on the rate of wrong answers served (matching/threshold.py; not yet the default: it
     # does not meet its targets in bench/semantic.py).
     match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
+    # With match_delta set: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
+    match_delta_by: dict[str, Annotated[float, Field(gt=0.0, lt=0.5)]] = Field(default_factory=dict)
 
     # --- request bounds ----------------------------------------------------------------------
     max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20
@@ -133,6 +135,8 @@ class TiersSettings(ServiceSettings):
     # Load the model in the background right after start (False: on the first text request).
     embedder_preload: bool = True
     embedder_threads: Annotated[int, Field(gt=0)] = 1
+    # torch | onnx (the same weights on onnxruntime; bench/embedders.py) | onnx-int8 (needs `onnx`).
+    embedder: Literal["torch", "onnx", "onnx-int8"] = "onnx"
 
     @model_validator(mode="after")
     def _hysteresis(self) -> TiersSettings:

