@@ -94,9 +94,9 @@ class TieredCache(TierReads):
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
         if meta.embedding is not None:
-            dropped = (
-                self._stale_neighbours(meta.embedding, threshold, meta.prompt_text, meta.model) - {meta.key}
-            )
+            dropped = self._stale_neighbours(meta.embedding, threshold, meta.prompt_text, meta.model) - {
+                meta.key
+            }
             for key in dropped:
                 self._drop_local(key, "invalidated")
         self._drop_local(meta.key, "replaced")
