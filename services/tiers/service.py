@@ -229,6 +229,7 @@ class TiersService(Service):
         self.api_port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             create_app(self.cache, s, self.embedder),
+            http="httptools",  # a declared dependency; h11 costs several times more per request
             log_level="warning",
             access_log=False,
             lifespan="off",
