@@ -9,6 +9,7 @@ scheduled send time, so a stall is not hidden), and batched lookups (POST /v1/lo
     python -m bench.api                          # ~30 s
     python -m bench.api --seconds 2 --loop asyncio
     python -m bench.api --profile /tmp/node.prof # cProfile of the node, top functions printed
+    python -m bench.api --drop-access-events     # the node without publishing cache.access (attribution)
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ TARGETS = {"open p99 ms": 5.0, "max lookups/s": 5_000.0, "batch keys/s": 41_700.
 # --- the node (server process) --------------------------------------------------------------------
 
 
-async def _serve(prefix: str, keys: int, loop_name: str) -> None:
+async def _serve(prefix: str, keys: int, loop_name: str, drop_access: bool) -> None:
     from infra.topics import ensure_topics
     from services.tiers.entry import EntryMeta, encode_text
     from services.tiers.service import TiersService
@@ -54,6 +55,10 @@ async def _serve(prefix: str, keys: int, loop_name: str) -> None:
     )
     service = TiersService(settings)
     await service.start()
+    if drop_access:
+        # Attribution only: the access events are taken from the outbox as usual but not published, so
+        # the node's CPU per lookup without the event plane's share shows.
+        service._publish_access = _take_access  # type: ignore[method-assign]
     task = asyncio.create_task(service.run())
     try:
         assert service.cache is not None
@@ -138,7 +143,11 @@ async def _asgi_cpu_us(n: int = 5_000) -> tuple[float, float]:
     return one_us, batch_us
 
 
-def serve_main(prefix: str, keys: int, loop_name: str, profile: str | None) -> None:
+async def _take_access(outbox: Any) -> None:
+    outbox.take_access()
+
+
+def serve_main(prefix: str, keys: int, loop_name: str, profile: str | None, drop_access: bool) -> None:
     import logging
 
     logging.basicConfig(level=logging.WARNING)
@@ -149,7 +158,7 @@ def serve_main(prefix: str, keys: int, loop_name: str, profile: str | None) -> N
     else:
         runner = asyncio.run
     if profile is None:
-        runner(_serve(prefix, keys, loop_name))
+        runner(_serve(prefix, keys, loop_name, drop_access))
         return
     import cProfile
     import pstats
@@ -157,7 +166,7 @@ def serve_main(prefix: str, keys: int, loop_name: str, profile: str | None) -> N
     prof = cProfile.Profile()
     prof.enable()
     try:
-        runner(_serve(prefix, keys, loop_name))
+        runner(_serve(prefix, keys, loop_name, drop_access))
     finally:
         prof.disable()
         prof.dump_stats(profile)
@@ -300,10 +309,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1_000, help="keys per batched lookup")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop", help="the node's event loop")
     p.add_argument("--profile", help="write the node's cProfile here (and print its top functions)")
+    p.add_argument(
+        "--drop-access-events",
+        action="store_true",
+        help="attribution: the node does not publish its cache.access events (what the API costs alone)",
+    )
     p.add_argument("--serve", help=argparse.SUPPRESS)  # internal: run the node
     args = p.parse_args()
     if args.serve:
-        serve_main(args.serve, KEYS, args.loop, args.profile)
+        serve_main(args.serve, KEYS, args.loop, args.profile, args.drop_access_events)
         return
     for var in ("KAFKA_BOOTSTRAP", "DATABASE_URL"):
         if not os.environ.get(var):
@@ -316,6 +330,8 @@ def main() -> None:
     cmd = [sys.executable, "-m", "bench.api", "--serve", prefix, "--loop", args.loop]
     if args.profile:
         cmd += ["--profile", args.profile]
+    if args.drop_access_events:
+        cmd.append("--drop-access-events")
     node = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert node.stdout is not None and node.stdin is not None
@@ -361,7 +377,8 @@ def main() -> None:
             node.stdin.close()
         node.wait(timeout=60)
     print(
-        f"\ntiers API, one node ({args.loop}), {KEYS} keys in L1; load average {os.getloadavg()[0]:.1f} "
+        f"\ntiers API, one node ({args.loop}{', access events dropped' if args.drop_access_events else ''}), "
+        f"{KEYS} keys in L1; load average {os.getloadavg()[0]:.1f} "
         f"on {os.cpu_count()} cores; {args.seconds:g} s per row"
     )
     header = (

@@ -4,8 +4,9 @@ all-MiniLM-L6-v2), batch lookup, put, delete, feedback on a match, stats. An opt
 guards every /v1 route.
 
 Bad input is a clear 4xx: 422 for a wrong embedding dimension, NaN or inf, an empty key, text or
-embedding, a malformed tensor; 413 for a body, value, text or batch over its bound; 401 for a missing or
-wrong token. 503 when L3 cannot take writes or the embedding model is unavailable.
+embedding, a malformed tensor, NUL or a lone surrogate in what L3 stores; 413 for a body, value, text or
+batch over its bound; 401 for a missing or wrong token. 503 when L3 cannot take writes or the embedding
+model is unavailable.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the annotations of the nested route functions
