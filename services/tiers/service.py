@@ -230,6 +230,7 @@ class TiersService(Service):
         config = uvicorn.Config(
             create_app(self.cache, s, self.embedder),
             http="httptools",  # a declared dependency; h11 costs several times more per request
+            proxy_headers=False,  # nothing reads the client address; its wrapper costs on every request
             log_level="warning",
             access_log=False,
             lifespan="off",

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "fuzz-token"
 # Examples per operation and generation mode: bounds the whole run to under a minute. A deeper, random
 # run: CACHEMESH_FUZZ_EXAMPLES=300 (raise the test timeout with it).
-MAX_EXAMPLES = int(os.environ.get("CACHEMESH_FUZZ_EXAMPLES", "20"))
+MAX_EXAMPLES = int(os.environ.get("CACHEMESH_FUZZ_EXAMPLES", "12"))
 DERANDOMIZE = "CACHEMESH_FUZZ_EXAMPLES" not in os.environ
 REQUEST_TIMEOUT_S = 5.0
 
