@@ -15,22 +15,19 @@ import base64
 import binascii
 import hmac
 import json
-import logging
 import math
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import numpy as np
-import orjson
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.events import MAX_KEY_CHARS
 from services.tiers import codec
+from services.tiers.edge.asgi import BodyLimit, EdgeFirst, LookupFastPath, encode_json
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
 from services.tiers.edge.models import (
     BatchBody,
@@ -53,8 +50,6 @@ from services.tiers.node.plan import Query as CacheQuery
 from services.tiers.node.tiered import L3Unavailable, TieredCache
 from services.tiers.ports import L3Rejected
 from services.tiers.settings import TiersSettings
-
-log = logging.getLogger(__name__)
 
 API_VERSION = "1"
 VALUE_MEDIA_TYPE = "application/x-cachemesh-value"
@@ -200,38 +195,8 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
     }
 
 
-def _encode(body: Any) -> bytes:
-    # orjson: a tenth of json.dumps' cost on a lookup result; NaN and inf come out as null, not as
-    # invalid JSON.
-    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
-
-
 def _json(body: Any, status_code: int = 200) -> Response:
-    return Response(_encode(body), status_code=status_code, media_type="application/json")
-
-
-async def _send_json(send: Send, status_code: int, body: Any) -> None:
-    """A JSON response as bare ASGI messages (no Response object: the lookup path counts microseconds)."""
-    raw = _encode(body)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status_code,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(raw))],
-        }
-    )
-    await send({"type": "http.response.body", "body": raw})
-
-
-class _EdgeFirst(FastAPI):
-    """FastAPI with `edge` in front of its whole middleware stack (error pages, body limit, exception
-    handlers): the lookups answered there skip a stack that costs more than they do."""
-
-    edge: Callable[[ASGIApp], ASGIApp] | None = None
-
-    def build_middleware_stack(self) -> ASGIApp:
-        inner = super().build_middleware_stack()
-        return inner if self.edge is None else self.edge(inner)
+    return Response(encode_json(body), status_code=status_code, media_type="application/json")
 
 
 def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder | None = None) -> FastAPI:
@@ -268,7 +233,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             for b, v in zip(bodies, vectors, strict=True)
         ]
 
-    app = _EdgeFirst(
+    app = EdgeFirst(
         title="cachemesh tiers",
         version=API_VERSION,
         summary="Semantic cache tier node: L1 cuckoo + vector index, L2 block pool, L3 Postgres.",
@@ -482,86 +447,6 @@ class BearerAuth:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-class BodyLimit:
-    """Refuses a request body over `max_bytes` with a JSON 413 that says so, by its Content-Length before
-    anything reads it, or as a chunked body arrives (starlette's own limit behind it answers in plain
-    text)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
-        if length is None:
-            receive = self._counting(receive)
-        elif length.isdigit() and int(length) > self.max_bytes:
-            detail = f"request body of {int(length)} bytes; the limit is {self.max_bytes}"
-            await _send_json(send, 413, {"detail": detail})
-            return
-        await self.app(scope, receive, send)
-
-    def _counting(self, receive: Receive) -> Receive:
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_bytes:
-                raise _problem(413, f"request body over the limit of {self.max_bytes} bytes")
-            return message
-
-        return counted
-
-
-class LookupFastPath:
-    """Answers POST /v1/lookup and /v1/lookup/batch in front of FastAPI's middleware, routing and
-    dependency machinery (on this path it costs more than the lookup itself): the body is validated by
-    pydantic straight from JSON, errors come out as the routes' would. Everything else goes to the app."""
-
-    PATHS = ("/v1/lookup", "/v1/lookup/batch")
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
-        many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
-    ) -> None:
-        self.app = app
-        self.one = one
-        self.many = many
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
-            await self.app(scope, receive, send)
-            return
-        chunks = []
-        try:
-            while True:  # `BodyLimit` wraps `receive` and raises a 413 past the limit
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            body = b"".join(chunks)
-            if scope["path"] == "/v1/lookup":
-                status, payload = 200, await self.one(LookupBody.model_validate_json(body))
-            else:
-                status, payload = 200, await self.many(BatchBody.model_validate_json(body))
-        except ValidationError as exc:
-            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            status, payload = 422, {"detail": detail}
-        except HTTPException as exc:
-            status, payload = exc.status_code, {"detail": exc.detail}
-        except Exception:  # in front of FastAPI's error middleware: a bug here still answers, and is logged
-            log.exception("lookup failed", extra={"path": scope["path"]})
-            status, payload = 500, {"detail": "internal error (logged by the node)"}
-        await _send_json(send, status, payload)
 
 
 def _document_bearer(app: FastAPI) -> None:
