@@ -4,8 +4,9 @@ all-MiniLM-L6-v2), batch lookup, put, delete, feedback on a match, stats, and th
 and batch fetch (prefix.py). An optional bearer token guards every /v1 route.
 
 Bad input is a clear 4xx: 422 for a wrong embedding dimension, NaN or inf, an empty key, text or
-embedding, a malformed tensor; 413 for a body, value, text or batch over its bound; 401 for a missing or
-wrong token. 503 when L3 cannot take writes or the embedding model is unavailable.
+embedding, a malformed tensor, NUL or a lone surrogate in what L3 stores; 413 for a body, value, text or
+batch over its bound; 401 for a missing or wrong token. 503 when L3 cannot take writes or the embedding
+model is unavailable.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the annotations of the nested route functions
@@ -16,18 +17,17 @@ import hmac
 import json
 import math
 import sys
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.events import MAX_KEY_CHARS
 from services.tiers import codec
+from services.tiers.edge.asgi import BodyLimit, EdgeFirst, LookupFastPath, encode_json
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
 from services.tiers.edge.models import (
     BatchBody,
@@ -41,6 +41,7 @@ from services.tiers.edge.models import (
     PutBody,
     PutOut,
     TensorIn,
+    storable,
 )
 from services.tiers.edge.prefix import prefix_router
 from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
@@ -64,7 +65,8 @@ def _embedding(fields: EmbeddingFields, dim: int) -> np.ndarray | None:
     if fields.embedding is not None and fields.embedding_b64 is not None:
         raise _problem(422, "give embedding or embedding_b64, not both")
     if fields.embedding is not None:
-        vec = np.asarray(fields.embedding, dtype=np.float32)
+        with np.errstate(over="ignore"):  # beyond float32 becomes inf, refused below
+            vec = np.asarray(fields.embedding, dtype=np.float32)
     elif fields.embedding_b64 is not None:
         try:
             raw = base64.b64decode(fields.embedding_b64, validate=True)
@@ -118,7 +120,27 @@ def _tensor(t: TensorIn, max_bytes: int) -> tuple[np.ndarray, codec.DType]:
 # batch of a thousand results through pydantic twice costs more than the lookups themselves.
 
 
+# Small values' dicts by content: decoding a header costs more than the rest of an exact lookup, and a
+# hot key is looked up again and again. Content-addressed, so any app may share it; bounded by clearing.
+_VALUE_MEMO_MAX_BLOB = 4096
+_VALUE_MEMO_ENTRIES = 4096
+_value_memo: dict[bytes, dict[str, Any]] = {}
+
+
 def _value_dict(blob: bytes) -> dict[str, Any]:
+    """The value as the API shows it (shared when memoised: read it, do not change it)."""
+    memo = len(blob) <= _VALUE_MEMO_MAX_BLOB
+    if memo and (known := _value_memo.get(blob)) is not None:
+        return known
+    out = _decode_value_dict(blob)
+    if memo:
+        if len(_value_memo) >= _VALUE_MEMO_ENTRIES:
+            _value_memo.clear()
+        _value_memo[blob] = out
+    return out
+
+
+def _decode_value_dict(blob: bytes) -> dict[str, Any]:
     v = decode_value(blob, verify=False)  # verified when it entered the cache
     h = v.header
     text = v.text
@@ -175,9 +197,7 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
 
 
 def _json(body: Any, status_code: int = 200) -> Response:
-    return Response(
-        json.dumps(body, separators=(",", ":")), status_code=status_code, media_type="application/json"
-    )
+    return Response(encode_json(body), status_code=status_code, media_type="application/json")
 
 
 def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder | None = None) -> FastAPI:
@@ -214,7 +234,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             for b, v in zip(bodies, vectors, strict=True)
         ]
 
-    app = FastAPI(
+    app = EdgeFirst(
         title="cachemesh tiers",
         version=API_VERSION,
         summary="Semantic cache tier node: L1 cuckoo + vector index, L2 block pool, L3 Postgres.",
@@ -264,6 +284,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     @v1.get("/entries/{key:path}", response_model=LookupOut, summary="Exact-key lookup (404 on a miss)")
     async def get_entry(key: str, model: Annotated[str | None, Query()] = None) -> Response:
         _check_key(key)
+        _check_storable(model, "model")
         result = await cache.get(key, model=model)
         return _json(_lookup_dict(result, True), status_code=200 if result.hit else 404)
 
@@ -336,6 +357,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     )
     async def get_value(key: str, model: Annotated[str | None, Query()] = None) -> Response:
         _check_key(key)
+        _check_storable(model, "model")
         result = await cache.get(key, model=model)
         if result.entry is None:
             return Response(status_code=404)
@@ -359,6 +381,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         similarity_tolerance: Annotated[float | None, Query(ge=0.0, le=1.0)] = None,
     ) -> PutOut:
         _check_key(key)
+        _check_storable(trace_id, "trace_id")
         blob = await request.body()
         if len(blob) > settings.max_value_bytes:
             raise _problem(413, f"value of {len(blob)} bytes; the limit is {settings.max_value_bytes}")
@@ -389,9 +412,14 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     app.include_router(v1)
     app.include_router(prefix_router(cache, settings))
     _document_bearer(app)
-    app.add_middleware(LookupFastPath, one=lookup_one, many=lookup_many)
-    if token is not None:
-        app.add_middleware(BearerAuth, token=token)  # added last: it runs first
+
+    def edge(inner: ASGIApp) -> ASGIApp:
+        outer: ASGIApp = BodyLimit(
+            LookupFastPath(inner, one=lookup_one, many=lookup_many), settings.max_request_bytes
+        )
+        return outer if token is None else BearerAuth(outer, token=token)
+
+    app.edge = edge
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, Any]:
@@ -423,48 +451,6 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
 
-class LookupFastPath:
-    """Answers POST /v1/lookup and /v1/lookup/batch without FastAPI's routing and dependency machinery
-    (on this path it costs more than the lookup itself): the body is validated by pydantic straight
-    from JSON, errors come out as the routes' would. Everything else goes to the app."""
-
-    PATHS = ("/v1/lookup", "/v1/lookup/batch")
-
-    def __init__(
-        self,
-        app: ASGIApp,
-        one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
-        many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
-    ) -> None:
-        self.app = app
-        self.one = one
-        self.many = many
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
-            await self.app(scope, receive, send)
-            return
-        chunks = []
-        while True:  # the app-wide body limit wraps `receive` and answers 413 itself
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
-        try:
-            if scope["path"] == "/v1/lookup":
-                payload = await self.one(LookupBody.model_validate_json(body))
-            else:
-                payload = await self.many(BatchBody.model_validate_json(body))
-            response = _json(payload)
-        except ValidationError as exc:
-            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            response = _json({"detail": detail}, status_code=422)
-        except HTTPException as exc:
-            response = _json({"detail": exc.detail}, status_code=exc.status_code)
-        await response(scope, receive, send)
-
-
 def _document_bearer(app: FastAPI) -> None:
     """Declare the bearer scheme on every /v1 operation in the OpenAPI document."""
     build = app.openapi
@@ -494,6 +480,16 @@ def _check_key(key: str) -> None:
         raise _problem(422, "key is empty")
     if len(key) > MAX_KEY_CHARS:
         raise _problem(413, f"key has {len(key)} characters; the limit is {MAX_KEY_CHARS}")
+    _check_storable(key, "key")
+
+
+def _check_storable(text: str | None, field: str) -> None:
+    """A path or query string L3 can store (the bodies' fields are checked by their models)."""
+    if text is not None:
+        try:
+            storable(text)
+        except ValueError as exc:
+            raise _problem(422, f"{field} {exc}") from None
 
 
 def _encode_value(body: PutBody, max_bytes: int) -> bytes:

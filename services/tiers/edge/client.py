@@ -9,6 +9,7 @@ httpx. Embeddings travel as base64 float32; values come back as `str` (answers) 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,12 +20,16 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from services.tiers import codec
 from services.tiers.edge.blockframe import MEDIA_TYPE as BLOCKS_MEDIA_TYPE
 from services.tiers.edge.blockframe import FetchedBlock, parse_blocks
 
 VALUE_MEDIA_TYPE = "application/x-cachemesh-value"
+# Lookups per batch request: the node's default max_batch (a node refuses a larger batch with 413).
+DEFAULT_BATCH = 1024
+_JSON = {"Content-Type": "application/json"}
 
 
 class TiersError(Exception):
@@ -214,16 +219,26 @@ def _value_path(key: str) -> str:
 
 def _check(response: httpx.Response, ok: Sequence[int] = (200, 201)) -> Any:
     if response.status_code in ok:
-        return response.json() if response.content else None
+        return orjson.loads(response.content) if response.content else None
     try:
-        detail = response.json().get("detail")
-    except ValueError:
+        detail = orjson.loads(response.content).get("detail")
+    except (ValueError, AttributeError):
         detail = response.text
     raise TiersError(response.status_code, detail)
 
 
 def _headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _batches(requests: Sequence[LookupRequest], size: int) -> list[bytes]:
+    """Batch bodies of at most `size` lookups each, encoded once."""
+    if size < 1:
+        raise ValueError(f"batch size must be positive, got {size}")
+    return [
+        orjson.dumps({"requests": [lookup_body(r) for r in requests[i : i + size]]})
+        for i in range(0, len(requests), size)
+    ]
 
 
 class TiersClient:
@@ -249,13 +264,18 @@ class TiersClient:
         self._http.close()
 
     def lookup(self, key: str | None = None, **kwargs: Any) -> LookupResult:
-        body = lookup_body(LookupRequest(key=key, **kwargs))
-        return parse_lookup(_check(self._http.post("/v1/lookup", json=body)))
+        body = orjson.dumps(lookup_body(LookupRequest(key=key, **kwargs)))
+        return parse_lookup(_check(self._http.post("/v1/lookup", content=body, headers=_JSON)))
 
-    def lookup_many(self, requests: Sequence[LookupRequest]) -> list[LookupResult]:
-        body = {"requests": [lookup_body(r) for r in requests]}
-        data = _check(self._http.post("/v1/lookup/batch", json=body))
-        return [parse_lookup(r) for r in data["results"]]
+    def lookup_many(
+        self, requests: Sequence[LookupRequest], *, batch_size: int = DEFAULT_BATCH
+    ) -> list[LookupResult]:
+        """Results in request order; more than `batch_size` lookups go as several batch requests."""
+        out: list[LookupResult] = []
+        for body in _batches(requests, batch_size):
+            data = _check(self._http.post("/v1/lookup/batch", content=body, headers=_JSON))
+            out.extend(parse_lookup(r) for r in data["results"])
+        return out
 
     def get(self, key: str, *, model: str | None = None) -> LookupResult:
         params = {"model": model} if model else None
@@ -333,13 +353,21 @@ class AsyncTiersClient:
         await self._http.aclose()
 
     async def lookup(self, key: str | None = None, **kwargs: Any) -> LookupResult:
-        body = lookup_body(LookupRequest(key=key, **kwargs))
-        return parse_lookup(_check(await self._http.post("/v1/lookup", json=body)))
+        body = orjson.dumps(lookup_body(LookupRequest(key=key, **kwargs)))
+        return parse_lookup(_check(await self._http.post("/v1/lookup", content=body, headers=_JSON)))
 
-    async def lookup_many(self, requests: Sequence[LookupRequest]) -> list[LookupResult]:
-        body = {"requests": [lookup_body(r) for r in requests]}
-        data = _check(await self._http.post("/v1/lookup/batch", json=body))
-        return [parse_lookup(r) for r in data["results"]]
+    async def lookup_many(
+        self, requests: Sequence[LookupRequest], *, batch_size: int = DEFAULT_BATCH
+    ) -> list[LookupResult]:
+        """Results in request order; more than `batch_size` lookups go as several batch requests, in
+        flight together (on the client's pooled connections)."""
+
+        async def one(body: bytes) -> list[LookupResult]:
+            data = _check(await self._http.post("/v1/lookup/batch", content=body, headers=_JSON))
+            return [parse_lookup(r) for r in data["results"]]
+
+        parts = await asyncio.gather(*(one(b) for b in _batches(requests, batch_size)))
+        return [result for part in parts for result in part]
 
     async def get(self, key: str, *, model: str | None = None) -> LookupResult:
         params = {"model": model} if model else None

@@ -3,18 +3,38 @@ document). Bounds live here so a bad body is refused before a route runs."""
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from schemas.descriptor import MAX_DEPENDENCIES, MAX_TAGS
 from schemas.events import MAX_KEY_CHARS, EntryKind, Tier
 from services.tiers import codec
 
+
+def encodable(text: str) -> str:
+    """A string UTF-8 can encode (JSON may carry a lone surrogate; nothing downstream can store it)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+def storable(text: str) -> str:
+    """A string Postgres text can hold: encodable and without NUL. Refused here as a 422; later it would
+    fail in L3 and count against the circuit breaker, so garbage input could degrade every lookup."""
+    if "\x00" in text:
+        raise ValueError("must not contain NUL (\\u0000)")
+    return encodable(text)
+
+
+Encodable = Annotated[str, AfterValidator(encodable)]
+Storable = Annotated[str, AfterValidator(storable)]
 DTypeName = Literal["float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64"]
 
-Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS)]
+Key = Annotated[str, Field(min_length=1, max_length=MAX_KEY_CHARS), AfterValidator(storable)]
 Finite = Annotated[float, Field(allow_inf_nan=False)]
-TagName = Annotated[str, Field(min_length=1, max_length=128)]
-TagValue = Annotated[str, Field(max_length=4096)]
+TagName = Annotated[str, Field(min_length=1, max_length=128), AfterValidator(storable)]
+TagValue = Annotated[str, Field(max_length=4096), AfterValidator(storable)]
 Tags = Annotated[dict[TagName, TagValue], Field(max_length=MAX_TAGS)]
 
 
@@ -31,7 +51,7 @@ class TensorIn(_Strict):
 class ValueIn(_Strict):
     """Exactly one of `text` (an answer, stored as UTF-8) or `tensor`."""
 
-    text: str | None = None
+    text: Encodable | None = None
     tensor: TensorIn | None = None
 
 
@@ -42,9 +62,9 @@ class EmbeddingFields(_Strict):
 
 class PutBody(EmbeddingFields):
     value: ValueIn
-    model: Annotated[str, Field(min_length=1, max_length=256)]
+    model: Annotated[str, Field(min_length=1, max_length=256), AfterValidator(storable)]
     kind: EntryKind = "prompt"
-    embed_text: str | None = Field(
+    embed_text: Storable | None = Field(
         default=None,
         description=(
             "embed this text (the prompt) with all-MiniLM-L6-v2 as the entry's embedding; it is kept as "
@@ -75,10 +95,10 @@ class LookupBody(EmbeddingFields):
     """A key, an embedding, a text (embedded here), or a key with either: the exact key goes first."""
 
     key: Key | None = None
-    text: str | None = Field(
+    text: Encodable | None = Field(
         default=None, description="embedded here; the match guards compare it with the entries' prompts"
     )
-    model: str | None = None
+    model: Storable | None = None
     tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         default=None,
         description="cosine floor for a semantic match; the stricter of it and the entry's "
@@ -92,7 +112,7 @@ class FeedbackBody(EmbeddingFields):
     """Whether the entry `key` answered a request (given by its text or embedding) correctly."""
 
     key: Key
-    text: str | None = None
+    text: Encodable | None = None
     correct: bool
     explored: bool = Field(
         default=False,

@@ -44,6 +44,9 @@ from services.tiers.l2.net.frames import (
 from services.tiers.l2.net.handler import KeyDirectory, RdmaExporter, answer, authenticate, unauthorized
 
 DEFAULT_TIMEOUT_S = 5.0
+# A server gives a frame this long to arrive once its first byte has, and a client this long to take
+# an answer: a peer that stalls mid-frame or stops reading (slowloris) is hung up on, not waited for.
+DEFAULT_STALL_TIMEOUT_S = 5.0
 # Requests written before their answers are read: bounds what either side buffers (64 x 2 KB reads).
 PIPELINE_DEPTH = 64
 
@@ -237,11 +240,26 @@ class LocalBlockClient(FramedBlockClient):
             close()
 
 
-async def _read_frame(reader: asyncio.StreamReader, max_frame_bytes: int) -> Frame:
+async def _read_frame(
+    reader: asyncio.StreamReader, max_frame_bytes: int, stall_timeout_s: float | None = None
+) -> Frame:
+    """The next frame; with `stall_timeout_s`, the connection may idle between frames for as long as it
+    likes, but a frame once begun must be complete within that time (TimeoutError otherwise)."""
     try:
-        raw = await reader.readexactly(FRAME_HEADER.size)
+        if stall_timeout_s is None:
+            raw = await reader.readexactly(FRAME_HEADER.size)
+        else:
+            first = await reader.readexactly(1)
+            async with asyncio.timeout(stall_timeout_s):
+                return await _finish_frame(
+                    reader, first + await reader.readexactly(FRAME_HEADER.size - 1), max_frame_bytes
+                )
     except asyncio.IncompleteReadError as exc:
         raise ConnectionClosed("connection closed by peer") from exc
+    return await _finish_frame(reader, raw, max_frame_bytes)
+
+
+async def _finish_frame(reader: asyncio.StreamReader, raw: bytes, max_frame_bytes: int) -> Frame:
     op, status, request_id, block_id, payload_len = decode_frame_header(raw, max_frame_bytes)
     try:
         payload = await reader.readexactly(payload_len) if payload_len else b""
@@ -255,7 +273,8 @@ class TcpBlockServer:
 
     `directory` answers FIND (a node passes its L2 store); `writable=False` refuses every op that
     changes the pool (a node's L2 owns its blocks: peers may only read them); `rdma` answers HELLO;
-    with `token`, a connection must open with AUTH carrying it."""
+    with `token`, a connection must open with AUTH carrying it. A frame that stalls half sent, or an
+    answer the client does not take, for `stall_timeout_s` closes that connection."""
 
     def __init__(
         self,
@@ -268,9 +287,11 @@ class TcpBlockServer:
         writable: bool = True,
         rdma: RdmaExporter | None = None,
         token: bytes | None = None,
+        stall_timeout_s: float = DEFAULT_STALL_TIMEOUT_S,
     ) -> None:
         self.pool = pool
         self.host = host
+        self.stall_timeout_s = stall_timeout_s
         self._token = token
         self._port = port
         self.max_frame_bytes = max_frame_bytes
@@ -325,24 +346,28 @@ class TcpBlockServer:
         self._conns.add(task)
         sessions: list[Callable[[], None]] = []  # RDMA queue pairs this connection opened
         authed = self._token is None
+
+        async def reply(frame: Frame) -> None:
+            writer.write(encode_frame(frame))
+            async with asyncio.timeout(self.stall_timeout_s):  # a client that stops reading
+                await writer.drain()
+
         try:
             while True:
                 try:
-                    req = await _read_frame(reader, self.max_frame_bytes)
+                    req = await _read_frame(reader, self.max_frame_bytes, self.stall_timeout_s)
                 except ConnectionClosed:
                     return
                 except ProtocolError as exc:
                     # The stream is out of sync after a bad header: say why, then hang up.
                     status = Status.FRAME_TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
-                    writer.write(encode_frame(Frame(Op.READ, status, 0, 0, str(exc).encode())))
-                    await writer.drain()
+                    await reply(Frame(Op.READ, status, 0, 0, str(exc).encode()))
                     return
                 self.requests[req.op.name] += 1
                 if req.op is Op.AUTH or not authed:
                     resp = authenticate(req, self._token) if req.op is Op.AUTH else unauthorized(req)
                     authed = resp.status is Status.OK
-                    writer.write(encode_frame(resp))
-                    await writer.drain()
+                    await reply(resp)
                     if not authed:
                         return
                     continue
@@ -357,10 +382,9 @@ class TcpBlockServer:
                     )
                 except Exception as exc:  # one bad request must not kill the server
                     resp = Frame(req.op, Status.INTERNAL, req.request_id, req.block_id, repr(exc).encode())
-                writer.write(encode_frame(resp))
-                await writer.drain()
-        except (ConnectionError, asyncio.CancelledError):
-            pass
+                await reply(resp)
+        except (ConnectionError, TimeoutError, asyncio.CancelledError):
+            pass  # the connection goes; the server keeps serving the others
         finally:
             self._conns.discard(task)
             for close in sessions:

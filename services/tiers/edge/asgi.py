@@ -1,0 +1,126 @@
+"""The tier node's ASGI edge, in front of FastAPI's whole middleware stack: the JSON body limit and the
+lookup fast path (POST /v1/lookup and /v1/lookup/batch), where FastAPI's machinery costs more than an
+exact lookup; JSON encoded once, with orjson, and sent as bare ASGI messages."""
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, HTTPException
+from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.tiers.edge.models import BatchBody, LookupBody
+
+log = logging.getLogger(__name__)
+
+
+def encode_json(body: Any) -> bytes:
+    # orjson: a tenth of json.dumps' cost on a lookup result; NaN and inf come out as null, not as
+    # invalid JSON.
+    return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+async def send_json(send: Send, status_code: int, body: Any) -> None:
+    """A JSON response as bare ASGI messages (no Response object: the lookup path counts microseconds)."""
+    raw = encode_json(body)
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status_code,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(raw))],
+        }
+    )
+    await send({"type": "http.response.body", "body": raw})
+
+
+class EdgeFirst(FastAPI):
+    """FastAPI with `edge` in front of its whole middleware stack (error pages, body limit, exception
+    handlers): the lookups answered there skip a stack that costs more than they do."""
+
+    edge: Callable[[ASGIApp], ASGIApp] | None = None
+
+    def build_middleware_stack(self) -> ASGIApp:
+        inner = super().build_middleware_stack()
+        return inner if self.edge is None else self.edge(inner)
+
+
+class BodyLimit:
+    """Refuses a request body over `max_bytes` with a JSON 413 that says so, by its Content-Length before
+    anything reads it, or as a chunked body arrives (starlette's own limit behind it answers in plain
+    text)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is None:
+            receive = self._counting(receive)
+        elif length.isdigit() and int(length) > self.max_bytes:
+            detail = f"request body of {int(length)} bytes; the limit is {self.max_bytes}"
+            await send_json(send, 413, {"detail": detail})
+            return
+        await self.app(scope, receive, send)
+
+    def _counting(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise HTTPException(413, f"request body over the limit of {self.max_bytes} bytes")
+            return message
+
+        return counted
+
+
+class LookupFastPath:
+    """Answers POST /v1/lookup and /v1/lookup/batch in front of FastAPI's middleware, routing and
+    dependency machinery (on this path it costs more than the lookup itself): the body is validated by
+    pydantic straight from JSON, errors come out as the routes' would. Everything else goes to the app."""
+
+    PATHS = ("/v1/lookup", "/v1/lookup/batch")
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
+        many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
+    ) -> None:
+        self.app = app
+        self.one = one
+        self.many = many
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        try:
+            while True:  # `BodyLimit` wraps `receive` and raises a 413 past the limit
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+            body = b"".join(chunks)
+            if scope["path"] == "/v1/lookup":
+                status, payload = 200, await self.one(LookupBody.model_validate_json(body))
+            else:
+                status, payload = 200, await self.many(BatchBody.model_validate_json(body))
+        except ValidationError as exc:
+            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            status, payload = 422, {"detail": detail}
+        except HTTPException as exc:
+            status, payload = exc.status_code, {"detail": exc.detail}
+        except Exception:  # in front of FastAPI's error middleware: a bug here still answers, and is logged
+            log.exception("lookup failed", extra={"path": scope["path"]})
+            status, payload = 500, {"detail": "internal error (logged by the node)"}
+        await send_json(send, status, payload)
