@@ -221,7 +221,10 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             if body.text is not None:
                 if vec is not None:
                     raise _problem(422, "give text or an embedding, not both")
-                texts[i] = _check_text(body.text, "text", settings.max_text_chars)
+                text = _check_text(body.text, "text", settings.max_text_chars)
+                # A key held in memory is answered exactly: no need to embed its text.
+                if body.key is None or not cache.holds_exact(body.key, body.model):
+                    texts[i] = text
             elif vec is None and body.key is None:
                 raise _problem(422, "a lookup needs a key, an embedding or a text")
             vectors.append(vec)

@@ -163,6 +163,16 @@ class TierReads:
             return cached.meta
         return self.l2.peek_meta(key) if self.l2 is not None else None
 
+    def holds_exact(self, key: str, model: str | None = None) -> bool:
+        """Whether this node's memory (L1/L2) holds a live entry under `key` for `model`: an exact
+        lookup will be answered, so the API need not embed the request's text for a semantic step
+        that would not run."""
+        meta = self._local_meta(key)
+        if meta is None or (model is not None and meta.model != model):
+            return False
+        ttl = meta.remaining_ttl_ms(self.wall_ms())
+        return ttl is None or ttl > 0
+
     async def entry_meta(self, key: str) -> EntryMeta | None:
         """The descriptor facts under `key`, from this node's tiers or else L3; no access is counted."""
         meta = self._local_meta(key)

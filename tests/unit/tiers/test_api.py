@@ -306,3 +306,20 @@ async def test_bad_feedback_gets_a_clear_4xx(
     await raw.put("/v1/entries/plain", json={"value": {"text": "v"}, "model": "m"})
     response = await raw.post("/v1/feedback", json=body)
     assert response.status_code == status, response.text
+
+
+async def test_a_lookup_by_key_and_text_embeds_only_when_the_key_is_not_in_memory() -> None:
+    # The gateway sends both (the exact key of the request and its last message): an exact hit from
+    # memory must not pay for an embedding; a key the node does not hold falls back to the text.
+    embedder = WordEmbedder()
+    app = create_app(make_cache(Clock()), settings(), embedder)
+    async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as c:
+        await c.put("req:1", "Paris", model="m", embed_text="Capital of France?")
+        embedder.calls.clear()
+        hit = await c.lookup(key="req:1", text="Capital of France?", model="m")
+        assert (hit.hit, hit.match, embedder.calls) == (True, "exact", [])
+        other_model = await c.lookup(key="req:1", text="Capital of France?", model="m2")
+        assert not other_model.hit and embedder.calls == [["Capital of France?"]]
+        para = await c.lookup(key="req:2", text="Capital city of France", model="m")
+        assert (para.hit, para.match, para.key) == (True, "semantic", "req:1")
+        assert embedder.calls[-1] == ["Capital city of France"]
