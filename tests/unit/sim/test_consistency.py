@@ -11,7 +11,7 @@ W = 100.0  # the propagation window of these histories (ms)
 NODES = ("a", "b", "c")
 
 
-def write(value: str, invoke: float, complete: float, *, node: str = "a", key: str = "k", status="ok") -> Op:  # type: ignore[no-untyped-def]
+def write(value: str, invoke: float, complete: float, *, node="a", key="k", status="ok") -> Op:  # type: ignore[no-untyped-def]
     return Op("w", node, "write", key, value, invoke, complete, status)
 
 
