@@ -26,7 +26,7 @@ from schemas.events import (
     WarmupApplied,
     WarmupRequested,
 )
-from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.service import Loop, Service
 from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder
@@ -52,6 +52,8 @@ _ACCESS_BATCH = 500
 _ACCESS_SLICE = 16
 # A failed invalidation publish is tried again after this long.
 _REPUBLISH_DELAY_MS = 500
+# How long a starting node waits to be assigned its invalidation partitions before it gives up.
+_HEARING_TIMEOUT_S = 120.0
 
 
 class _ApiServer(uvicorn.Server):
@@ -135,7 +137,7 @@ class TiersService(Service):
         )
         await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.
-        await self.open_consumer(
+        invalidations = await self.open_consumer(
             stack,
             ["cache.invalidate.v1"],
             f"tiers-invalidate-{s.node_id}",
@@ -151,6 +153,10 @@ class TiersService(Service):
             self.publisher,
             auto_offset_reset="latest",
         )
+        # No request before this node hears invalidations: what it read into its tiers meanwhile (from
+        # L3 or a peer) would stay stale, served to its clients and, from L2, to its peers. A node
+        # restarted after a crash waits here for the group to drop its dead member (the session timeout).
+        await self._hearing(invalidations)
         await self._start_api(stack)
         # Everything built so far lives as long as the process: out of the collector's way, so a full
         # collection does not walk it in the middle of a request (tens of ms at p99 otherwise).
@@ -158,6 +164,16 @@ class TiersService(Service):
         if s.embedder_preload:
             # The model is a large object graph; freeze it too once it is loaded.
             self.embedder.start_loading().add_done_callback(lambda _: gc.freeze())
+
+    async def _hearing(self, consumer: EventConsumer) -> None:
+        """Until `consumer` has its partitions and their positions (the coordinator joins the group in
+        the background; nothing needs to poll)."""
+        deadline = time.monotonic() + _HEARING_TIMEOUT_S
+        while not consumer.health()["assigned"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no invalidation partitions assigned within {_HEARING_TIMEOUT_S} s")
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(consumer.wait_positioned(), max(1.0, deadline - time.monotonic()))
 
     async def _share_l2(self, stack: AsyncExitStack) -> None:
         """Serve this node's L2 pool to peers (read-only: its blocks belong to the L2 store) and connect
