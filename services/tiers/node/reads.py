@@ -51,6 +51,7 @@ class Counters:
     remote_hits: int = 0
     remote_rejected: int = 0  # found on a peer but expired or of another model
     remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
+    fenced: int = 0  # a copy found older than a write this node heard of: answered as a miss
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -80,6 +81,7 @@ class TierReads:
         max_pending_l3_writes: int = 10_000,
         peers: RemoteL2 | None = None,
         matcher: Matcher | None = None,
+        max_fences: int = 100_000,
     ) -> None:
         self.l1 = l1
         # Which semantic candidate a lookup serves, and which neighbours a write makes stale.
@@ -106,16 +108,33 @@ class TierReads:
         self._bound_count = 0
         # Ids of tier commands applied, oldest first (TieredCache.on_command refuses a redelivery).
         self._applied_commands: dict[str, None] = {}
+        # key -> when the newest write (or delete) of it this node has heard of happened: a copy older
+        # than that is neither served nor placed (an L3 row a write-behind has not reached, a read that
+        # raced the invalidation, a peer's copy not dropped yet). The oldest are forgotten past the bound.
+        self._fences: OrderedDict[str, int] = OrderedDict()
+        self.max_fences = max_fences
         self.counters = Counters()
 
     # --- local tiers ----------------------------------------------------------------------------
+
+    def fence(self, key: str, at_ms: int) -> None:
+        """No copy of `key` older than `at_ms` is served or placed from now on."""
+        if self._fences.get(key, -1) < at_ms:
+            self._fences[key] = at_ms
+            self._fences.move_to_end(key)
+            while len(self._fences) > self.max_fences:
+                self._fences.popitem(last=False)
+
+    def _fenced(self, entry: Entry) -> bool:
+        at = self._fences.get(entry.key)
+        return at is not None and entry.meta.updated_at_ms < at
 
     def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
         """Place `entry` in L1 (and L2, write-through); returns where it went."""
         meta = entry.meta
         placed: list[Tier] = []
         ttl = meta.remaining_ttl_ms(self.wall_ms())
-        if ttl is not None and ttl <= 0:
+        if (ttl is not None and ttl <= 0) or self._fenced(entry):
             return ()
         if to_l1:
             decisions = self.l1.put(
@@ -461,6 +480,9 @@ class TierReads:
         out = []
         for i, q in enumerate(walk.queries):
             f = walk.found[i]
+            if f is not None and self._fenced(f.entry):
+                self.counters.fenced += 1
+                f = None  # older than a write heard of: a miss, never a stale answer
             out.append(
                 self._finish(
                     q.key,

@@ -86,6 +86,7 @@ class TieredCache(TierReads):
         now = self.wall_ms()
         meta = replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob))
         entry = Entry(meta, blob)
+        self.fence(meta.key, now)
         persisted = await self._persist(entry)
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
@@ -151,6 +152,8 @@ class TieredCache(TierReads):
 
     async def delete(self, key: str) -> bool:
         """Drop `key` everywhere (L3 too) and tell every node (delayed double delete included)."""
+        at = self.wall_ms()
+        self.fence(key, at)
         existed = self._drop_local(key, "deleted")
         self.matcher.forget(key)
         pending = self._pending.pop(key, "absent")
@@ -163,9 +166,7 @@ class TieredCache(TierReads):
             else:
                 self._pending[key] = None
         self.counters.deletes += 1
-        event = CacheInvalidated(
-            key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=self.wall_ms()
-        )
+        event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         self._publish_invalidation(event)
         return existed
 
@@ -206,6 +207,7 @@ class TieredCache(TierReads):
         the same question (the guards, when the event carries the written prompt), and the key itself
         unless this node wrote it (or already holds this write or a newer one)."""
         self.counters.invalidations_received += 1
+        self.fence(event.key, event.occurred_at_ms)
         candidates = {event.key}
         if event.embedding is not None and event.similarity_threshold is not None and self.dim is not None:
             if len(event.embedding) == self.dim:
@@ -348,6 +350,7 @@ class TieredCache(TierReads):
             "hit_rate": hits / c.lookups if c.lookups else None,
             "hits_by_tier": dict(c.hits),
             "degraded_lookups": c.degraded_lookups,
+            "fenced": c.fenced,
             "puts": c.puts,
             "deletes": c.deletes,
             "invalidations_received": c.invalidations_received,

@@ -242,6 +242,23 @@ async def test_invalidation_spares_the_writers_own_entry_and_a_copy_of_this_writ
     assert reader.cache.on_invalidated(own) == []  # holds this write already (or a newer one)
 
 
+async def test_a_copy_older_than_a_write_heard_of_is_a_miss_never_a_stale_answer() -> None:
+    # Node a's write is still write-behind (its L3 breaker is open), or the row was read before the
+    # write landed: L3 and a peer hold the value it replaced. Node b heard of the write: it answers a
+    # miss rather than the old value, and places no old copy, until a copy this new turns up.
+    rig = make(node="b")
+    rig.l3.rows["k"] = stored("k", "old", rig.clock)
+    rig.cache.peers = FakePeers({"k": stored("k", "old, on a peer", rig.clock)})
+    rig.clock.advance(10)
+    rig.cache.on_invalidated(CacheInvalidated(key="k", origin_node_id="a", occurred_at_ms=rig.clock()))
+    assert not (await rig.cache.get("k")).hit
+    assert not (await rig.cache.get_many([Query(key="k")]))[0].hit
+    assert "k" not in rig.cache.l1 and rig.cache.stats()["fenced"] == 2
+    rig.cache.peers = None
+    rig.l3.rows["k"] = stored("k", "new", rig.clock)  # the write reached L3
+    assert text_of((await rig.cache.get("k")).entry) == "new" and "k" in rig.cache.l1
+
+
 async def test_invalidation_without_embedding_or_with_a_bad_one_drops_the_key_only() -> None:
     rig = make(node="b")
     base = unit(RNG, DIM)
