@@ -54,6 +54,30 @@ _ACCESS_SLICE = 16
 _REPUBLISH_DELAY_MS = 500
 # How long a starting node waits to be assigned its invalidation partitions before it gives up.
 _HEARING_TIMEOUT_S = 120.0
+# A node answers from its own tiers only while every invalidation partition's fetch answered this
+# recently (read to its end): past it, lookups go to L3. Kept below the propagation window the mesh
+# promises (2 s in tests/integration/test_consistency.py) by more than the publish delay.
+_HEARING_LEASE_MS = 1_000
+
+
+_HEARING_POLL_S = 0.05
+
+
+def _heard_at_ms(consumer: EventConsumer) -> int | None:
+    """The oldest of the times (wall ms) the broker last answered a fetch of each partition `consumer`
+    is assigned; None without an assignment or before the first answers. An idle partition is fetched
+    every `fetch_max_wait_ms`; one whose records wait to be applied is not fetched again, so its time
+    ages (towards L3 only, the safe side)."""
+    kafka = consumer._consumer  # aiokafka's own: the fetch state the runtime does not expose
+    if kafka is None or not (partitions := kafka.assignment()):
+        return None
+    oldest: int | None = None
+    for tp in partitions:
+        at, end = kafka.last_poll_timestamp(tp), kafka.highwater(tp)
+        if at is None or end is None:
+            return None
+        oldest = at if oldest is None else min(oldest, at)
+    return oldest
 
 
 class _ApiServer(uvicorn.Server):
@@ -83,6 +107,7 @@ class TiersService(Service):
         self.published_invalidations = 0
         self.publish_errors = 0
         self._delayed_commands: set[asyncio.Task[None]] = set()
+        self._invalidations: EventConsumer | None = None
 
     @property
     def api_url(self) -> str:
@@ -157,6 +182,9 @@ class TiersService(Service):
         # L3 or a peer) would stay stale, served to its clients and, from L2, to its peers. A node
         # restarted after a crash waits here for the group to drop its dead member (the session timeout).
         await self._hearing(invalidations)
+        self._invalidations = invalidations
+        self.cache.hearing_lease_ms = _HEARING_LEASE_MS
+        self.cache.heard_at_ms = _heard_at_ms(invalidations)
         await self._start_api(stack)
         # Everything built so far lives as long as the process: out of the collector's way, so a full
         # collection does not walk it in the middle of a request (tens of ms at p99 otherwise).
@@ -266,7 +294,7 @@ class TiersService(Service):
             await server.shutdown(sockets=self._api_sockets)
 
     def loops(self) -> Sequence[Loop]:
-        return (self._send_events, self._housekeeping, self._api_ticks)
+        return (self._send_events, self._housekeeping, self._api_ticks, self._watch_hearing)
 
     # --- consumers ------------------------------------------------------------------------------
 
@@ -393,6 +421,12 @@ class TiersService(Service):
                     await self.l3.delete_expired(self.cache.wall_ms())
                 except Exception as exc:  # the next sweep tries again
                     log.warning("L3 expiry sweep failed", extra={"error": repr(exc)})
+
+    async def _watch_hearing(self) -> None:
+        assert self.cache is not None and self._invalidations is not None
+        while True:
+            self.cache.heard_at_ms = _heard_at_ms(self._invalidations)
+            await asyncio.sleep(_HEARING_POLL_S)
 
     async def _api_ticks(self) -> None:
         if self._api is not None:

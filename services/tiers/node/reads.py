@@ -52,6 +52,7 @@ class Counters:
     remote_rejected: int = 0  # found on a peer but expired or of another model
     remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
     fenced: int = 0  # a copy found older than a write this node heard of: answered as a miss
+    unheard_lookups: int = 0  # walked to L3 alone: this node did not hear invalidations then
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -113,6 +114,12 @@ class TierReads:
         # raced the invalidation, a peer's copy not dropped yet). The oldest are forgotten past the bound.
         self._fences: OrderedDict[str, int] = OrderedDict()
         self.max_fences = max_fences
+        # Set by the service: when this node last knew it had every invalidation published (wall ms),
+        # and how old that may be for its own tiers to be trusted (None: always; no Kafka here). Past
+        # it a write elsewhere may be unheard of: lookups go to L3, the store of record, and nothing
+        # is placed in L1/L2.
+        self.heard_at_ms: int | None = None
+        self.hearing_lease_ms: int | None = None
         self.counters = Counters()
 
     # --- local tiers ----------------------------------------------------------------------------
@@ -125,6 +132,12 @@ class TierReads:
             while len(self._fences) > self.max_fences:
                 self._fences.popitem(last=False)
 
+    @property
+    def hearing(self) -> bool:
+        """Whether this node's own tiers (and its peers') may answer: it hears invalidations."""
+        lease, heard = self.hearing_lease_ms, self.heard_at_ms
+        return lease is None or (heard is not None and self.wall_ms() - heard <= lease)
+
     def _fenced(self, entry: Entry) -> bool:
         at = self._fences.get(entry.key)
         return at is not None and entry.meta.updated_at_ms < at
@@ -134,7 +147,7 @@ class TierReads:
         meta = entry.meta
         placed: list[Tier] = []
         ttl = meta.remaining_ttl_ms(self.wall_ms())
-        if (ttl is not None and ttl <= 0) or self._fenced(entry):
+        if (ttl is not None and ttl <= 0) or self._fenced(entry) or not self.hearing:
             return ()
         if to_l1:
             decisions = self.l1.put(
@@ -274,7 +287,8 @@ class TierReads:
         records the access."""
         started = self.perf_ns()
         walk = Walk((Query(key=key, model=model),), batched=False)
-        self._walk_in_process(walk, LOCAL_PLAN)
+        if self.hearing:
+            self._walk_in_process(walk, LOCAL_PLAN)
         return self._answers(walk, started)[0]
 
     async def get(
@@ -323,8 +337,13 @@ class TierReads:
                     raise AssertionError(f"no in-process probe for {step}")
 
     async def _walk(self, walk: Walk) -> None:
-        """The whole plan: the in-process steps, then the peers and L3 (those configured)."""
-        self._walk_in_process(walk, PLAN)
+        """The whole plan: the in-process steps, then the peers and L3 (those configured); L3 alone
+        while this node does not hear invalidations."""
+        hearing = self.hearing
+        if hearing:
+            self._walk_in_process(walk, PLAN)
+        else:
+            self.counters.unheard_lookups += len(walk.queries)
         for step in PLAN:
             if not walk.left:
                 break
@@ -332,7 +351,7 @@ class TierReads:
                 continue
             match step.source, step.match:
                 case "peers", "exact":
-                    if self.peers is not None:
+                    if self.peers is not None and hearing:
                         await self._peers_exact(step, walk, todo)
                 case "l3", "exact":
                     if self.l3 is not None:

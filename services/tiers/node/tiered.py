@@ -351,6 +351,8 @@ class TieredCache(TierReads):
             "hits_by_tier": dict(c.hits),
             "degraded_lookups": c.degraded_lookups,
             "fenced": c.fenced,
+            "hearing": self.hearing,
+            "unheard_lookups": c.unheard_lookups,
             "puts": c.puts,
             "deletes": c.deletes,
             "invalidations_received": c.invalidations_received,
