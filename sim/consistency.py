@@ -36,6 +36,7 @@ class Op:
     invoke_ms: float
     complete_ms: float
     status: Status = "ok"
+    source: str | None = None  # where a read was served from (a tier, a peer), for the diagnosis
 
 
 @dataclass(frozen=True, slots=True)
