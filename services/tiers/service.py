@@ -55,9 +55,11 @@ _REPUBLISH_DELAY_MS = 500
 # How long a starting node waits to be assigned its invalidation partitions before it gives up.
 _HEARING_TIMEOUT_S = 120.0
 # A node answers from its own tiers only while every invalidation partition's fetch answered this
-# recently (read to its end): past it, lookups go to L3. Kept below the propagation window the mesh
-# promises (2 s in tests/integration/test_consistency.py) by more than the publish delay.
-_HEARING_LEASE_MS = 1_000
+# recently: past it, lookups go to L3. A write acknowledged longer ago than this plus the publish delay
+# has then been heard of: the propagation window the mesh can promise (2 s in
+# tests/integration/test_consistency.py). Not much lower: a node whose event loop stalls (a model
+# loading) for longer reads L3 meanwhile.
+_HEARING_LEASE_MS = 1_500
 
 
 _HEARING_POLL_S = 0.05
@@ -194,14 +196,18 @@ class TiersService(Service):
             self.embedder.start_loading().add_done_callback(lambda _: gc.freeze())
 
     async def _hearing(self, consumer: EventConsumer) -> None:
-        """Until `consumer` has its partitions and their positions (the coordinator joins the group in
-        the background; nothing needs to poll)."""
+        """Until `consumer` has its partitions, their positions and a first fetch answer from each (the
+        coordinator and the fetcher work in the background; nothing needs to poll)."""
         deadline = time.monotonic() + _HEARING_TIMEOUT_S
         while not consumer.health()["assigned"]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no invalidation partitions assigned within {_HEARING_TIMEOUT_S} s")
             await asyncio.sleep(0.05)
         await asyncio.wait_for(consumer.wait_positioned(), max(1.0, deadline - time.monotonic()))
+        while _heard_at_ms(consumer) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no invalidation fetch answered within {_HEARING_TIMEOUT_S} s")
+            await asyncio.sleep(0.01)
 
     async def _share_l2(self, stack: AsyncExitStack) -> None:
         """Serve this node's L2 pool to peers (read-only: its blocks belong to the L2 store) and connect

@@ -116,8 +116,8 @@ class TierReads:
         self.max_fences = max_fences
         # Set by the service: when this node last knew it had every invalidation published (wall ms),
         # and how old that may be for its own tiers to be trusted (None: always; no Kafka here). Past
-        # it a write elsewhere may be unheard of: lookups go to L3, the store of record, and nothing
-        # is placed in L1/L2.
+        # it a write elsewhere may be unheard of: lookups go to L3, the store of record. Placing goes on
+        # (what is placed meets every invalidation once the node hears again, before it serves).
         self.heard_at_ms: int | None = None
         self.hearing_lease_ms: int | None = None
         self.counters = Counters()
@@ -147,7 +147,7 @@ class TierReads:
         meta = entry.meta
         placed: list[Tier] = []
         ttl = meta.remaining_ttl_ms(self.wall_ms())
-        if (ttl is not None and ttl <= 0) or self._fenced(entry) or not self.hearing:
+        if (ttl is not None and ttl <= 0) or self._fenced(entry):
             return ()
         if to_l1:
             decisions = self.l1.put(
