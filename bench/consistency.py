@@ -42,7 +42,7 @@ from services.runtime.settings import KafkaSettings, PostgresSettings
 from services.tiers.edge.client import AsyncTiersClient, TiersError
 from services.tiers.service import TiersService
 from services.tiers.settings import TiersSettings
-from sim.consistency import Op, Report, check
+from sim.consistency import Op, Report, check, timeline
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "consistency"
@@ -124,8 +124,8 @@ class Recorder:
         try:
             put = await self._clients[node.name].put(key, value, model=MODEL)
             source = "l3" if put["persisted"] else "write-behind"
-        except TiersError as exc:  # the node answered: a refusal did not happen; a 500 may have
-            status = "fail" if exc.status < 500 or exc.status == 503 else "unknown"
+        except TiersError as exc:  # a refusal did not happen; a 5xx may have (an L3 call that timed out
+            status = "fail" if exc.status < 500 else "unknown"  # may have committed all the same)
         except httpx.ConnectError:
             status = "fail"  # never reached the node
         except httpx.HTTPError:
@@ -400,6 +400,17 @@ class Outcome:
     report: Report
     degraded_s: float | None
     fault_s: float | None = None
+    history: list[Op] = field(default_factory=list)
+    fault_at_ms: float = 0.0
+
+    def explain(self) -> str:
+        """The report's first violations, each with the timeline of its key on its node."""
+        lines = [self.report.summary()]
+        for v in self.report.violations[:2]:
+            node = None if v.node == "*" else v.node
+            lines.append(f"--- {v.key} on {v.node} (ms from the fault)")
+            lines.append(timeline(self.history, v.key, node, since_ms=self.fault_at_ms))
+        return "\n".join(lines)
 
 
 def fault_for(
@@ -438,7 +449,14 @@ async def run_scenario(
     finally:
         await recorder.close()
     degraded = [float(s["degraded_s"]) for s in [await n.stats() for n in m.nodes] if "degraded_s" in s]
-    return Outcome(scenario, recorder.report(), max(degraded) if degraded else None, timings.get("fault_s"))
+    return Outcome(
+        scenario,
+        recorder.report(),
+        max(degraded) if degraded else None,
+        timings.get("fault_s"),
+        recorder.ops + recorder.final,
+        timings.get("fault_at_ms", 0.0),
+    )
 
 
 def _ms(v: float | None) -> str:

@@ -240,3 +240,17 @@ def _propagation(ops: Sequence[Op], keys: Mapping[str, _KeyWrites], nodes: set[s
                 report.propagation_ms.append(max(0.0, max(first.values()) - w.complete_ms))
             else:
                 report.unobserved += 1
+
+
+def timeline(history: Iterable[Op], key: str, node: str | None = None, *, since_ms: float = 0.0) -> str:
+    """The writes of `key` and its reads on `node` (every node: None), in order of invocation, one a
+    line: what a violation is read against."""
+    rows = sorted(
+        (op for op in history if op.key == key and (op.kind == "write" or node in (None, op.node))),
+        key=lambda op: op.invoke_ms,
+    )
+    return "\n".join(
+        f"{op.invoke_ms - since_ms:9.0f} {op.complete_ms - since_ms:9.0f} {op.client:6} {op.node} "
+        f"{op.kind:5} {op.status:7} {op.value} {op.source or ''}"
+        for op in rows
+    )

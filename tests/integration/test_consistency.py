@@ -28,7 +28,7 @@ def _workload(**overrides: float) -> Workload:
 def _assert_consistent(outcome: Outcome) -> None:
     r = outcome.report
     assert r.writes_ok >= 10 and r.reads_ok >= 50, f"too little load to judge: {r}"
-    assert (r.stale, r.phantoms, r.lost, r.diverged) == (0, 0, 0, 0), r.summary()
+    assert (r.stale, r.phantoms, r.lost, r.diverged) == (0, 0, 0, 0), outcome.explain()
 
 
 async def test_quiet_run_is_consistent(kafka, postgres) -> None:

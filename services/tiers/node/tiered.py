@@ -140,6 +140,10 @@ class TieredCache(TierReads):
                 return True
         if self.l3 is None:
             return False
+        if not self.hearing:
+            # Neither L3 nor the bus: other nodes read L3 and, not told in time, would serve the value
+            # this write replaces long after it was acknowledged. Refused instead (retry later).
+            raise L3Unavailable("L3 is unavailable and this node does not hear invalidations")
         if key not in self._pending and len(self._pending) >= self.max_pending_l3_writes:
             raise L3Unavailable(
                 f"L3 is unavailable (breaker {self.breaker.state}); "

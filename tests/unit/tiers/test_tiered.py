@@ -364,6 +364,22 @@ async def test_failing_l3_degrades_and_the_write_behind_queue_is_bounded() -> No
     assert rig.cache.stats()["l3"]["errors"] >= 3
 
 
+async def test_a_node_that_does_not_hear_serves_l3_and_takes_no_write_behind() -> None:
+    rig = make(l3=MemoryL3(fail=True))
+    await rig.cache.put(meta("k"), encode_text("local", model="m"))
+    rig.cache.hearing_lease_ms, rig.cache.heard_at_ms = 1000, rig.clock()
+    assert (await rig.cache.get("k")).tier == "l1"
+    rig.clock.advance(1001)  # no fetch answered within the lease: a write elsewhere may be unheard of
+    assert not rig.cache.hearing
+    late = await rig.cache.get("k")
+    assert not late.hit and late.degraded and rig.cache.stats()["unheard_lookups"] == 1
+    with pytest.raises(L3Unavailable, match="does not hear"):
+        await rig.cache.put(meta("w"), encode_text("w", model="m"))  # no one could be told
+    rig.cache.heard_at_ms = rig.clock()
+    assert (await rig.cache.get("k")).tier == "l1"
+    assert not (await rig.cache.put(meta("w"), encode_text("w", model="m"))).persisted
+
+
 async def test_delete_goes_everywhere_and_is_published() -> None:
     rig = make()
     await rig.cache.put(meta("k", unit(RNG, DIM)), encode_text("v", model="m"))
