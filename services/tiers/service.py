@@ -28,7 +28,7 @@ from schemas.events import (
     WarmupApplied,
     WarmupRequested,
 )
-from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.service import Loop, Service
 from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder
@@ -55,6 +55,27 @@ _ACCESS_BATCH = 500
 _ACCESS_SLICE = 16
 # A failed invalidation publish is tried again after this long.
 _REPUBLISH_DELAY_MS = 500
+# How long a starting node waits to be assigned its invalidation partitions before it gives up.
+_HEARING_TIMEOUT_S = 120.0
+_HEARING_POLL_S = 0.05
+
+
+def _heard_at_ms(consumer: EventConsumer) -> int | None:
+    """The oldest of the times (wall ms) the broker last answered a fetch of each partition `consumer`
+    is assigned; None without an assignment or before the first answers. An idle partition is fetched
+    every `fetch_max_wait_ms`; one whose records wait to be applied is not fetched again, so its time
+    ages (towards L3 only, the safe side)."""
+    kafka = consumer._consumer  # aiokafka's own: the fetch state the runtime does not expose
+    if kafka is None or not (partitions := kafka.assignment()):
+        return None
+    oldest: int | None = None
+    for tp in partitions:
+        at, end = kafka.last_poll_timestamp(tp), kafka.highwater(tp)
+        if at is None or end is None:
+            return None
+        oldest = at if oldest is None else min(oldest, at)
+    return oldest
+
 
 LOCAL_ONLY = Gauge(
     "cachemesh_tiers_local_only", "1 while the node serves local-only (low hit rate)", ["node"]
@@ -92,6 +113,7 @@ class TiersService(Service):
         self.published_invalidations = 0
         self.publish_errors = 0
         self._delayed_commands: set[asyncio.Task[None]] = set()
+        self._invalidations: EventConsumer | None = None
 
     @property
     def api_url(self) -> str:
@@ -151,7 +173,7 @@ class TiersService(Service):
         )
         await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.
-        await self.open_consumer(
+        invalidations = await self.open_consumer(
             stack,
             ["cache.invalidate.v1"],
             f"tiers-invalidate-{s.node_id}",
@@ -167,6 +189,13 @@ class TiersService(Service):
             self.publisher,
             auto_offset_reset="latest",
         )
+        # No request before this node hears invalidations: what it read into its tiers meanwhile (from
+        # L3 or a peer) would stay stale, served to its clients and, from L2, to its peers. A node
+        # restarted after a crash waits here for the group to drop its dead member (the session timeout).
+        await self._hearing(invalidations)
+        self._invalidations = invalidations
+        self.cache.hearing_lease_ms = self.settings.hearing_lease_ms or None
+        self.cache.heard_at_ms = _heard_at_ms(invalidations)
         await self._start_api(stack)
         # Everything built so far lives as long as the process: out of the collector's way, so a full
         # collection does not walk it in the middle of a request (tens of ms at p99 otherwise).
@@ -189,6 +218,20 @@ class TiersService(Service):
         )
         LOCAL_ONLY.labels(s.node_id).set(0)
         return HitRateGuard(config, clock=monotonic_ms)
+
+    async def _hearing(self, consumer: EventConsumer) -> None:
+        """Until `consumer` has its partitions, their positions and a first fetch answer from each (the
+        coordinator and the fetcher work in the background; nothing needs to poll)."""
+        deadline = time.monotonic() + _HEARING_TIMEOUT_S
+        while not consumer.health()["assigned"]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no invalidation partitions assigned within {_HEARING_TIMEOUT_S} s")
+            await asyncio.sleep(0.05)
+        await asyncio.wait_for(consumer.wait_positioned(), max(1.0, deadline - time.monotonic()))
+        while _heard_at_ms(consumer) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no invalidation fetch answered within {_HEARING_TIMEOUT_S} s")
+            await asyncio.sleep(0.01)
 
     async def _share_l2(self, stack: AsyncExitStack) -> None:
         """Serve this node's L2 pool to peers (read-only: its blocks belong to the L2 store) and connect
@@ -283,7 +326,7 @@ class TiersService(Service):
             await server.shutdown(sockets=self._api_sockets)
 
     def loops(self) -> Sequence[Loop]:
-        return (self._send_events, self._housekeeping, self._api_ticks)
+        return (self._send_events, self._housekeeping, self._api_ticks, self._watch_hearing)
 
     # --- consumers ------------------------------------------------------------------------------
 
@@ -451,6 +494,12 @@ class TiersService(Service):
         except Exception as exc:  # the mode has changed anyway; the metric and the log still say so
             self.publish_errors += 1
             log.warning("mode change publish failed", extra={"error": repr(exc)})
+
+    async def _watch_hearing(self) -> None:
+        assert self.cache is not None and self._invalidations is not None
+        while True:
+            self.cache.heard_at_ms = _heard_at_ms(self._invalidations)
+            await asyncio.sleep(_HEARING_POLL_S)
 
     async def _api_ticks(self) -> None:
         if self._api is not None:

@@ -120,6 +120,12 @@ class TiersSettings(ServiceSettings):
     # `degrade_exit_at` for `degrade_hold_ms`. No change within `degrade_min_dwell_ms` of the last one,
     # none on fewer than `degrade_min_lookups` lookups in the window. Decided on the housekeeping tick.
     degrade_enabled: bool = True
+    # A node answers from its own tiers (and its peers') only while every invalidation partition's
+    # fetch answered this recently; past it, lookups go to L3. A write acknowledged longer ago than
+    # this plus the publish delay has been heard of everywhere: the propagation window the mesh
+    # promises (2 s in tests/integration/test_consistency.py). Not much lower: a node whose event loop
+    # stalls (a model loading) for longer reads L3 meanwhile. 0 turns the lease off (no such promise).
+    hearing_lease_ms: Annotated[int, Field(ge=0)] = 1_500
     degrade_window_ms: Annotated[int, Field(gt=0)] = 30_000
     degrade_enter_below: Annotated[float, Field(ge=0.0, le=1.0)] = 0.85
     degrade_exit_at: Annotated[float, Field(ge=0.0, le=1.0)] = 0.90

@@ -122,6 +122,15 @@ class L3StoreContract:
         assert got.meta.trace_id is None and got.meta.context_dependency_ids == ("d",)
         assert (got.meta.created_at_ms, got.meta.updated_at_ms) == (NOW, later)  # created when first written
 
+    async def test_an_older_write_arriving_late_leaves_the_newer_one(self, store: L3Store) -> None:
+        # Two nodes writing one key, or a write-behind flushed after a later write: newest wins.
+        later = NOW + 1000
+        await store.put(entry("q:1", "new", semantic_tags={"v": "new"}, updated_at_ms=later))
+        await store.put(entry("q:1", "old", semantic_tags={"v": "old"}, updated_at_ms=NOW))
+        got = await store.get("q:1", later)
+        assert got is not None and got.blob == encode_text("new", model="m")
+        assert got.meta.updated_at_ms == later and got.meta.semantic_tags == {"v": "new"}
+
     async def test_delete_removes_the_entry_once(self, store: L3Store) -> None:
         await store.put(entry("q:1", semantic_tags={"a": "1"}))
         await store.put(entry("q:2"))

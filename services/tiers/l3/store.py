@@ -44,6 +44,7 @@ ON CONFLICT (key) DO UPDATE SET
     context_dependency_ids = EXCLUDED.context_dependency_ids, trace_id = EXCLUDED.trace_id,
     size_bytes = EXCLUDED.size_bytes, tier = EXCLUDED.tier, updated_at_ms = EXCLUDED.updated_at_ms,
     embedding = EXCLUDED.embedding, prompt_text = EXCLUDED.prompt_text
+WHERE cache_descriptors.updated_at_ms <= EXCLUDED.updated_at_ms
 """
 _REPLACE_TAGS = (
     "INSERT INTO semantic_tags (key, tag, value) SELECT $1, u.tag, u.value "
@@ -115,7 +116,7 @@ class PostgresL3Store(L3Store):
         checksum = zlib.crc32(entry.blob)
 
         async def write(conn: asyncpg.Connection) -> None:
-            await conn.execute(
+            status = await conn.execute(
                 _UPSERT_DESCRIPTOR,
                 m.key,
                 m.kind,
@@ -130,6 +131,10 @@ class PostgresL3Store(L3Store):
                 embedding,
                 m.prompt_text,
             )
+            if status == "INSERT 0 0":
+                # A newer write of the key is there already (two nodes' writes, or a write-behind
+                # flushed late): the store keeps the newest, whichever transaction commits last.
+                return
             await conn.execute("DELETE FROM semantic_tags WHERE key = $1", m.key)
             if names:
                 await conn.execute(_REPLACE_TAGS, m.key, names, values)

@@ -53,6 +53,8 @@ class Counters:
     remote_rejected: int = 0  # found on a peer but expired or of another model
     remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
     peers_skipped: int = 0  # lookups that did not ask the peers' L2: the node was local-only
+    fenced: int = 0  # a copy found older than a write this node heard of: answered as a miss
+    unheard_lookups: int = 0  # walked to L3 alone: this node did not hear invalidations then
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -83,6 +85,7 @@ class TierReads:
         peers: RemoteL2 | None = None,
         matcher: Matcher | None = None,
         degrade: HitRateGuard | None = None,
+        max_fences: int = 100_000,
     ) -> None:
         self.l1 = l1
         # Which semantic candidate a lookup serves, and which neighbours a write makes stale.
@@ -109,6 +112,17 @@ class TierReads:
         self._bound_count = 0
         # Ids of tier commands applied, oldest first (TieredCache.on_command refuses a redelivery).
         self._applied_commands: dict[str, None] = {}
+        # key -> when the newest write (or delete) of it this node has heard of happened: a copy older
+        # than that is neither served nor placed (an L3 row a write-behind has not reached, a read that
+        # raced the invalidation, a peer's copy not dropped yet). The oldest are forgotten past the bound.
+        self._fences: OrderedDict[str, int] = OrderedDict()
+        self.max_fences = max_fences
+        # Set by the service: when this node last knew it had every invalidation published (wall ms),
+        # and how old that may be for its own tiers to be trusted (None: always; no Kafka here). Past
+        # it a write elsewhere may be unheard of: lookups go to L3, the store of record. Placing goes on
+        # (what is placed meets every invalidation once the node hears again, before it serves).
+        self.heard_at_ms: int | None = None
+        self.hearing_lease_ms: int | None = None
         self.counters = Counters()
         # Degrade to local-only (degrade.py): while `local_only`, lookups do not ask the peers' L2.
         self.degrade = degrade
@@ -117,12 +131,30 @@ class TierReads:
 
     # --- local tiers ----------------------------------------------------------------------------
 
+    def fence(self, key: str, at_ms: int) -> None:
+        """No copy of `key` older than `at_ms` is served or placed from now on."""
+        if self._fences.get(key, -1) < at_ms:
+            self._fences[key] = at_ms
+            self._fences.move_to_end(key)
+            while len(self._fences) > self.max_fences:
+                self._fences.popitem(last=False)
+
+    @property
+    def hearing(self) -> bool:
+        """Whether this node's own tiers (and its peers') may answer: it hears invalidations."""
+        lease, heard = self.hearing_lease_ms, self.heard_at_ms
+        return lease is None or (heard is not None and self.wall_ms() - heard <= lease)
+
+    def _fenced(self, entry: Entry) -> bool:
+        at = self._fences.get(entry.key)
+        return at is not None and entry.meta.updated_at_ms < at
+
     def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
         """Place `entry` in L1 (and L2, write-through); returns where it went."""
         meta = entry.meta
         placed: list[Tier] = []
         ttl = meta.remaining_ttl_ms(self.wall_ms())
-        if ttl is not None and ttl <= 0:
+        if (ttl is not None and ttl <= 0) or self._fenced(entry):
             return ()
         if to_l1:
             decisions = self.l1.put(
@@ -272,7 +304,8 @@ class TierReads:
         records the access."""
         started = self.perf_ns()
         walk = Walk((Query(key=key, model=model),), batched=False)
-        self._walk_in_process(walk, LOCAL_PLAN)
+        if self.hearing:
+            self._walk_in_process(walk, LOCAL_PLAN)
         return self._answers(walk, started)[0]
 
     async def get(
@@ -321,8 +354,13 @@ class TierReads:
                     raise AssertionError(f"no in-process probe for {step}")
 
     async def _walk(self, walk: Walk) -> None:
-        """The whole plan: the in-process steps, then the peers and L3 (those configured)."""
-        self._walk_in_process(walk, PLAN)
+        """The whole plan: the in-process steps, then the peers and L3 (those configured); L3 alone
+        while this node does not hear invalidations."""
+        hearing = self.hearing
+        if hearing:
+            self._walk_in_process(walk, PLAN)
+        else:
+            self.counters.unheard_lookups += len(walk.queries)
         for step in PLAN:
             if not walk.left:
                 break
@@ -330,9 +368,9 @@ class TierReads:
                 continue
             match step.source, step.match:
                 case "peers", "exact":
-                    if self.peers is not None and self.local_only:
+                    if self.peers is not None and hearing and self.local_only:
                         self.counters.peers_skipped += len(todo)
-                    elif self.peers is not None:
+                    elif self.peers is not None and hearing:
                         await self._peers_exact(step, walk, todo)
                 case "l3", "exact":
                     if self.l3 is not None:
@@ -480,6 +518,9 @@ class TierReads:
         out = []
         for i, q in enumerate(walk.queries):
             f = walk.found[i]
+            if f is not None and self._fenced(f.entry):
+                self.counters.fenced += 1
+                f = None  # older than a write heard of: a miss, never a stale answer
             out.append(
                 self._finish(
                     q.key,

@@ -90,6 +90,7 @@ class TieredCache(TierReads):
         now = self.wall_ms()
         meta = replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob))
         entry = Entry(meta, blob)
+        self.fence(meta.key, now)
         persisted = await self._persist(entry)
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
@@ -149,6 +150,10 @@ class TieredCache(TierReads):
                 return True
         if self.l3 is None:
             return False
+        if not self.hearing:
+            # Neither L3 nor the bus: other nodes read L3 and, not told in time, would serve the value
+            # this write replaces long after it was acknowledged. Refused instead (retry later).
+            raise L3Unavailable("L3 is unavailable and this node does not hear invalidations")
         if key not in self._pending and len(self._pending) >= self.max_pending_l3_writes:
             raise L3Unavailable(
                 f"L3 is unavailable (breaker {self.breaker.state}); "
@@ -161,6 +166,8 @@ class TieredCache(TierReads):
 
     async def delete(self, key: str) -> bool:
         """Drop `key` everywhere (L3 too) and tell every node (delayed double delete included)."""
+        at = self.wall_ms()
+        self.fence(key, at)
         existed = self._drop_local(key, "deleted")
         self.matcher.forget(key)
         pending = self._pending.pop(key, "absent")
@@ -173,9 +180,7 @@ class TieredCache(TierReads):
             else:
                 self._pending[key] = None
         self.counters.deletes += 1
-        event = CacheInvalidated(
-            key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=self.wall_ms()
-        )
+        event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         self._publish_invalidation(event)
         return existed
 
@@ -216,6 +221,7 @@ class TieredCache(TierReads):
         the same question (the guards, when the event carries the written prompt), and the key itself
         unless this node wrote it (or already holds this write or a newer one)."""
         self.counters.invalidations_received += 1
+        self.fence(event.key, event.occurred_at_ms)
         candidates = {event.key}
         if event.embedding is not None and event.similarity_threshold is not None and self.dim is not None:
             if len(event.embedding) == self.dim:
@@ -385,6 +391,9 @@ class TieredCache(TierReads):
             "hit_rate": hits / c.lookups if c.lookups else None,
             "hits_by_tier": dict(c.hits),
             "degraded_lookups": c.degraded_lookups,
+            "fenced": c.fenced,
+            "hearing": self.hearing,
+            "unheard_lookups": c.unheard_lookups,
             "puts": c.puts,
             "deletes": c.deletes,
             "invalidations_received": c.invalidations_received,

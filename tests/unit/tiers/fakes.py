@@ -124,6 +124,8 @@ class MemoryL3(L3Store):
             raise L3Rejected(f"L3 refused {entry.key!r}: {why}")
         m = entry.meta
         before = self.rows.get(entry.key)
+        if before is not None and before.meta.updated_at_ms > m.updated_at_ms:
+            return  # the newest write stays, as in Postgres
         stored = replace(
             m,
             embedding=None if m.embedding is None else np.array(m.embedding, dtype=np.float32).reshape(-1),

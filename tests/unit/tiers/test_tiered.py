@@ -242,6 +242,23 @@ async def test_invalidation_spares_the_writers_own_entry_and_a_copy_of_this_writ
     assert reader.cache.on_invalidated(own) == []  # holds this write already (or a newer one)
 
 
+async def test_a_copy_older_than_a_write_heard_of_is_a_miss_never_a_stale_answer() -> None:
+    # Node a's write is still write-behind (its L3 breaker is open), or the row was read before the
+    # write landed: L3 and a peer hold the value it replaced. Node b heard of the write: it answers a
+    # miss rather than the old value, and places no old copy, until a copy this new turns up.
+    rig = make(node="b")
+    rig.l3.rows["k"] = stored("k", "old", rig.clock)
+    rig.cache.peers = FakePeers({"k": stored("k", "old, on a peer", rig.clock)})
+    rig.clock.advance(10)
+    rig.cache.on_invalidated(CacheInvalidated(key="k", origin_node_id="a", occurred_at_ms=rig.clock()))
+    assert not (await rig.cache.get("k")).hit
+    assert not (await rig.cache.get_many([Query(key="k")]))[0].hit
+    assert "k" not in rig.cache.l1 and rig.cache.stats()["fenced"] == 2
+    rig.cache.peers = None
+    rig.l3.rows["k"] = stored("k", "new", rig.clock)  # the write reached L3
+    assert text_of((await rig.cache.get("k")).entry) == "new" and "k" in rig.cache.l1
+
+
 async def test_invalidation_without_embedding_or_with_a_bad_one_drops_the_key_only() -> None:
     rig = make(node="b")
     base = unit(RNG, DIM)
@@ -345,6 +362,22 @@ async def test_failing_l3_degrades_and_the_write_behind_queue_is_bounded() -> No
         await rig.cache.put(meta("c"), encode_text("c", model="m"))
     assert (await rig.cache.put(meta("a"), encode_text("a2", model="m"))).tiers == ("l1", "l2")  # replaces
     assert rig.cache.stats()["l3"]["errors"] >= 3
+
+
+async def test_a_node_that_does_not_hear_serves_l3_and_takes_no_write_behind() -> None:
+    rig = make(l3=MemoryL3(fail=True))
+    await rig.cache.put(meta("k"), encode_text("local", model="m"))
+    rig.cache.hearing_lease_ms, rig.cache.heard_at_ms = 1000, rig.clock()
+    assert (await rig.cache.get("k")).tier == "l1"
+    rig.clock.advance(1001)  # no fetch answered within the lease: a write elsewhere may be unheard of
+    assert not rig.cache.hearing
+    late = await rig.cache.get("k")
+    assert not late.hit and late.degraded and rig.cache.stats()["unheard_lookups"] == 1
+    with pytest.raises(L3Unavailable, match="does not hear"):
+        await rig.cache.put(meta("w"), encode_text("w", model="m"))  # no one could be told
+    rig.cache.heard_at_ms = rig.clock()
+    assert (await rig.cache.get("k")).tier == "l1"
+    assert not (await rig.cache.put(meta("w"), encode_text("w", model="m"))).persisted
 
 
 async def test_delete_goes_everywhere_and_is_published() -> None:
