@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
-setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (cached)
+setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (cached), chromium for the dashboard test
 	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; ensure_kafka_jars()"
+	@# The dashboard's browser test drives Debian's chromium; installed only when missing and we may.
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "chromium not found: tests/integration/test_dashboard_browser.py will skip (apt-get install chromium)"; fi; }
 
 run: setup ## Start broker, Postgres and every service on embedded defaults (Ctrl-C stops all)
 	$(VENV)/bin/cachemesh up
