@@ -87,7 +87,7 @@ async def _traffic(api_url: str, publisher: EventPublisher, namespace: str) -> A
                     ),
                     DriftClustered(
                         cluster_id=f"c{n % 3}",
-                        pattern=("pulse", "migrating", "stable")[n % 3],  # type: ignore[arg-type]
+                        pattern=("pulse", "migrating", "stable")[n % 3],
                         window_end_ms=now,
                         keys=[f"{namespace}k1", f"{namespace}k2"],
                         size=2,
@@ -174,8 +174,12 @@ async def test_dashboard_fills_with_live_data_in_headless_chromium(
                 await _chromium(
                     "--virtual-time-budget=4000", "--window-size=1400,1600", f"--screenshot={shot}", base
                 )
+                # The node's /docs renders offline too: swagger-ui from the package draws the operations.
+                docs_dom = await _chromium("--virtual-time-budget=4000", "--dump-dom", f"{node.api_url}/docs")
     finally:
         await publisher.stop()
+
+    assert "opblock" in docs_dom and "/v1/lookup" in docs_dom, "swagger-ui did not render /docs"
 
     polls = int(re.search(r'id="status" data-polls="(\d+)"', dom).group(1))  # type: ignore[union-attr]
     assert polls >= 1, "the page never reached its snapshot endpoint"

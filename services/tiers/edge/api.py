@@ -27,6 +27,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.events import MAX_KEY_CHARS
+from services.runtime.docs import serve_docs
 from services.tiers import codec
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
 from services.tiers.edge.models import (
@@ -218,7 +219,11 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         version=API_VERSION,
         summary="Semantic cache tier node: L1 cuckoo + vector index, L2 block pool, L3 Postgres.",
         max_body_size=settings.max_request_bytes,
+        # served from the package instead of a CDN (services/runtime/docs.py): /docs works offline
+        docs_url=None,
+        redoc_url=None,
     )
+    serve_docs(app)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
