@@ -58,7 +58,7 @@ class Board:
 
     def __init__(self, max_points: int = 600, max_rows: int = 20) -> None:
         self.hit_rate = Series(("all", *TIERS), max_points)
-        self.traffic = Series(("qps", "entropy_bits"), max_points)
+        self._windows: dict[int, tuple[float, float, int]] = {}  # window end -> (qps, entropy sum, n)
         self.warmup_delta = Series(("delta_t_ms",), max_points)
         self.invalidations = Series(("dependants",), max_points)
         self.nodes: dict[str, dict[str, Any]] = {}
@@ -76,6 +76,7 @@ class Board:
             "drift_clusters": 0,
         }
         self.max_rows = max_rows
+        self.max_points = max_points
         self._last: dict[str, _NodeCounts] = {}
 
     # --- tier nodes -----------------------------------------------------------------------------
@@ -106,9 +107,13 @@ class Board:
         t_s = event.occurred_at_ms / 1000
         if isinstance(event, WindowComputed):
             self.totals["windows"] += 1
-            # The 1 s tumbling window per shard is the live signal; hopping windows repeat it.
+            # The 1 s tumbling window is the live signal (hopping windows repeat it); one point per
+            # window end: QPS summed over shards and models, entropy their mean.
             if event.window == "tumbling_1s":
-                self.traffic.add(event.window_end_ms / 1000, qps=event.qps, entropy_bits=event.entropy_bits)
+                qps, bits, n = self._windows.get(event.window_end_ms, (0.0, 0.0, 0))
+                self._windows[event.window_end_ms] = (qps + event.qps, bits + event.entropy_bits, n + 1)
+                while len(self._windows) > self.max_points:
+                    del self._windows[min(self._windows)]
         elif isinstance(event, DriftClustered):
             self.totals["drift_clusters"] += 1
             self.drift[event.cluster_id] = {
@@ -165,6 +170,14 @@ class Board:
                     "reason": event.reason,
                 }
             )
+
+    @property
+    def traffic(self) -> Series:
+        series = Series(("qps", "entropy_bits"), self.max_points)
+        for end_ms in sorted(self._windows):
+            qps, bits, n = self._windows[end_ms]
+            series.add(end_ms / 1000, qps=qps, entropy_bits=bits / n)
+        return series
 
     def snapshot(self, now_ms: int) -> dict[str, Any]:
         return {

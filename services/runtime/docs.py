@@ -29,6 +29,8 @@ def serve_docs(app: FastAPI, docs_url: str = "/docs") -> None:
             swagger_css_url=f"{static}/swagger-ui.css",
             swagger_favicon_url=f"{static}/favicon-32x32.png",
             oauth2_redirect_url=oauth2_redirect,
+            # the validator badge would call validator.swagger.io
+            swagger_ui_parameters={"validatorUrl": None},
         )
 
     async def redirect() -> HTMLResponse:

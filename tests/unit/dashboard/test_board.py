@@ -146,3 +146,24 @@ def test_tiers_urls_are_a_comma_separated_list(
 ) -> None:
     monkeypatch.setenv("CACHEMESH_DASHBOARD_TIERS_URLS", raw)
     assert DashboardSettings().tiers_urls == urls
+
+
+def test_windows_of_several_shards_make_one_point_per_window_end_in_time_order() -> None:
+    board = Board()
+    for shard, end, qps, bits in (("a", 2_000, 10.0, 2.0), ("b", 1_000, 4.0, 1.0), ("a", 1_000, 6.0, 3.0)):
+        board.observe(
+            WindowComputed(
+                shard=shard,
+                window="tumbling_1s",
+                window_start_ms=end - 1000,
+                window_end_ms=end,
+                requests=1,
+                qps=qps,
+                entropy_bits=bits,
+                hit_rate=0.0,
+            )
+        )
+    traffic = board.snapshot(3_000)["series"]["traffic"]
+    assert traffic["t"] == [1.0, 2.0]
+    assert traffic["qps"] == [10.0, 10.0]
+    assert traffic["entropy_bits"] == [2.0, 2.0]
