@@ -238,7 +238,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         result = await cache.get(
             q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id, text=q.text
         )
-        return _lookup_dict(result, body.include_value)
+        return _lookup_dict(result, body.include_value, omitted=result.hit and not body.include_value)
 
     async def lookup_many(body: BatchBody) -> dict[str, Any]:
         if len(body.requests) > settings.max_batch:
@@ -252,7 +252,8 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             include = req.include_value and size <= budget
             budget -= size if include else 0
             out.append(
-                _lookup_dict(result, include, omitted=req.include_value and result.hit and not include)
+                # omitted: asked without the value, or over the response budget
+                _lookup_dict(result, include, omitted=result.hit and not include)
             )
         return {"results": out}
 
