@@ -80,8 +80,16 @@ class DemoReport:
 
 
 def dashboard_url(mesh: MeshState) -> str | None:
+    """The page on the dashboard's metrics port (always served there)."""
     base = mesh.base_url("dashboard")
     return None if base is None else f"{base}/dashboard/"
+
+
+async def dashboard_page(session: aiohttp.ClientSession, mesh: MeshState) -> str | None:
+    """The URL the dashboard reports in its health (its fixed port, 8790 by default), else the above."""
+    health_url = mesh.health_urls.get("dashboard")
+    body = None if health_url is None else await _get_json(session, health_url)
+    return str(body["url"]) if isinstance(body, dict) and body.get("url") else dashboard_url(mesh)
 
 
 async def tiers_url(session: aiohttp.ClientSession, mesh: MeshState) -> str | None:
@@ -184,7 +192,7 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
 
 
 async def board_totals(session: aiohttp.ClientSession, mesh: MeshState) -> dict[str, int]:
-    url = dashboard_url(mesh)
+    url = dashboard_url(mesh)  # the metrics port: the one the state file names
     body = None if url is None else await _get_json(session, f"{url}api/snapshot")
     return dict((body or {}).get("totals") or {})
 
@@ -237,7 +245,12 @@ def main(plan: DemoPlan) -> int:
     if mesh is None:
         Console(stderr=True).print(f"[red]{NOT_UP}[/]")
         return 3
-    url = dashboard_url(mesh)
+
+    async def find_page() -> str | None:
+        async with aiohttp.ClientSession() as session:
+            return await dashboard_page(session, mesh)
+
+    url = asyncio.run(find_page())
     console.print(f"dashboard: [bold]{url or 'not running (no dashboard service)'}[/]")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Bar(*columns, console=console) as bar:

@@ -1,7 +1,7 @@
 """The dashboard service: tails the records topics (windows, drift, heat, warmup, invalidation, tier
 status) into a `Board`, samples every tier node's `/v1/stats`, and serves one page that draws them
-(`/dashboard/`, its JSON at `/dashboard/api/snapshot`) on its metrics port. Works offline: the chart
-library (uPlot) is a file in `static/`."""
+(`/dashboard/`, its JSON at `/dashboard/api/snapshot`) on `http_port` (8790) and on its metrics port.
+Works offline: the chart library (uPlot) is a file in `static/`."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from schemas.events import (
 from services.dashboard.board import Board
 from services.dashboard.settings import DashboardSettings
 from services.runtime.kafka import Delivery
+from services.runtime.metrics import MetricsServer
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ class DashboardService(Service):
         self._session: aiohttp.ClientSession | None = None
         # health URL of a launcher-started tiers service -> its API base URL
         self._api_of: dict[str, str] = {}
+        self.page_server: MetricsServer | None = None
 
     async def open(self, stack: AsyncExitStack) -> None:
         s = self.dashboard_settings
@@ -72,6 +74,11 @@ class DashboardService(Service):
         # A group of its own per run, from the log end: the page shows what happens from now on.
         group = f"dashboard-{s.node_id}-{uuid.uuid4().hex[:8]}"
         await self.open_consumer(stack, TOPICS, group, self._handle, publisher, auto_offset_reset="latest")
+        if s.http_port is not None:
+            page = MetricsServer(s.http_host, s.http_port, self.health, self.routes())
+            await page.start()
+            stack.push_async_callback(page.stop)
+            self.page_server = page
 
     def loops(self) -> list[Loop]:
         return [self._sample_loop]
@@ -86,7 +93,14 @@ class DashboardService(Service):
         ]
 
     async def checks(self) -> dict[str, Any]:
-        return {"samples": self.samples, "tiers": self.tiers_seen, "totals": dict(self.board.totals)}
+        page = self.page_server
+        url = f"http://{self.dashboard_settings.http_host}:{page.port}/dashboard/" if page else None
+        return {
+            "url": url,
+            "samples": self.samples,
+            "tiers": self.tiers_seen,
+            "totals": dict(self.board.totals),
+        }
 
     async def _handle(self, delivery: Delivery) -> None:
         self.board.observe(delivery.event)

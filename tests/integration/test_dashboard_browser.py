@@ -145,7 +145,7 @@ async def test_dashboard_fills_with_live_data_in_headless_chromium(
     try:
         async with running(node_settings("dash")) as node, serving(HeatService(heat)):
             dash = DashboardService(
-                DashboardSettings(kafka=kafka_s, tiers_urls=[node.api_url], poll_interval_ms=200)
+                DashboardSettings(kafka=kafka_s, tiers_urls=[node.api_url], poll_interval_ms=200, http_port=0)
             )
             async with serving(dash), _traffic(node.api_url, publisher, namespace):
                 board = dash.board

@@ -30,7 +30,9 @@ async def test_demo_finds_the_mesh_and_drives_both_streams(
         await until(lambda: node.embedder.health()["state"] == "ready", timeout_s=120, step_s=0.1)
         dash = DashboardService(
             DashboardSettings(
-                kafka=kafka_settings_for(kafka, namespace), state_file=tmp_path / "run" / "state.json"
+                kafka=kafka_settings_for(kafka, namespace),
+                state_file=tmp_path / "run" / "state.json",
+                http_port=0,
             )
         )
         async with serving(dash):
