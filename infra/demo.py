@@ -3,8 +3,8 @@
 Two streams at once, for `seconds`: the Mooncake trace (shared data, read in place) replayed as KV and
 access events into Kafka, its first `trace_s` of trace time compressed to the run so event time follows
 the wall clock; and a semantic Q&A stream through the tiers API (GPTCache paraphrase pairs: put an answer
-under one wording, ask with the other, ask new questions that miss, rewrite a few answers). Ends with a
-summary of what the tier nodes and the dashboard saw.
+under one wording, ask with the other, ask new questions that miss, rewrite the documents answers cite).
+Ends with a summary of what the tier nodes and the dashboard saw.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class DemoReport:
         lookups, hits = delta("lookups"), delta("hits")
         rows = [
             ("KV and access events sent (Mooncake)", str(self.kv_events)),
-            ("answers put / rewritten", f"{self.puts} / {self.rewrites}"),
+            ("answers put / source documents rewritten", f"{self.puts} / {self.rewrites}"),
             ("questions asked", str(self.asked)),
             ("lookups", str(lookups)),
             ("hits", f"{hits} ({hits / lookups:.0%})" if lookups else "0"),
@@ -158,7 +158,8 @@ async def drive_kv(
 
 async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress) -> None:
     """Per pair: put the answer under the origin wording, ask with the paraphrase; every third pair
-    also asks a new question (a miss); every tenth rewrites its answer (invalidations) and asks again.
+    also asks a new question (a miss); every tenth rewrites a source document (invalidating the answers
+    that cite it) and asks again.
     `workers` pairs at a time (the node batches their embeddings); no pair starts after `seconds`."""
     pairs, unanswered = qa_pairs(plan.pairs)
     deadline = time.monotonic() + plan.seconds
@@ -171,13 +172,18 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
 
     async def pair(i: int) -> None:
         key, origin = f"demo-qa-{i}", pairs[i]["origin"]
-        await client.put(key, f"Answer {i}: {origin}", model=plan.model, embed_text=origin)
+        # Each answer cites a source document; rewriting the document invalidates what cites it (the
+        # invalidation service's cascade, recorded on invalidation.records.v1).
+        doc = f"demo-doc-{i % 10}"
+        await client.put(
+            key, f"Answer {i}: {origin}", model=plan.model, embed_text=origin, context_dependency_ids=[doc]
+        )
         report.puts += 1
         await ask(pairs[i]["similar"])
         if i % 3 == 0 and i // 3 < len(unanswered):
             await ask(unanswered[i // 3])
-        if i % 10 == 0:
-            await client.put(key, f"Answer {i} (revised): {origin}", model=plan.model, embed_text=origin)
+        if i % 10 == 9:
+            await client.put(doc, f"source document {i % 10}, revision {i}", model=plan.model)
             report.rewrites += 1
             await ask(pairs[i]["similar"])
 
