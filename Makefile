@@ -13,14 +13,20 @@ STAMP  := $(VENV)/.installed
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml client/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ./client
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
-setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (cached)
+setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (cached), chromium for the dashboard test
 	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; ensure_kafka_jars()"
+	@# The dashboard's browser test drives Debian's chromium; installed only when missing and we may.
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
+	  else echo "chromium not found: tests/integration/test_dashboard_browser.py will skip (apt-get install chromium)"; fi; }
 
 run: setup ## Start broker, Postgres and every service on embedded defaults (Ctrl-C stops all)
 	$(VENV)/bin/cachemesh up

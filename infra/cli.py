@@ -110,7 +110,11 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
     try:
         state = json.loads(state_path().read_text())
     except FileNotFoundError:
-        console.print("cachemesh is not up (no state file at " + str(state_path()) + ")")
+        message = "cachemesh is not up (no state file at " + str(state_path()) + ")"
+        console.print(message)  # stderr
+        if as_json:
+            # stdout stays JSON of the same shape for a script: no components (exit code 3 says why)
+            print(json.dumps([]))
         raise typer.Exit(3) from None
     rows = asyncio.run(_status_rows(state))
     if as_json:
@@ -151,6 +155,19 @@ async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
             ok, detail = await http_health(session, svc["health_url"], "unreachable")
             rows.append((svc["name"], "healthy" if ok else "unhealthy", f"{detail} ({svc['health_url']})"))
     return rows
+
+
+@app.command()
+def demo(
+    seconds: Annotated[float, typer.Option(help="How long the traffic runs")] = 30.0,
+    trace_s: Annotated[float, typer.Option(help="Mooncake trace time replayed in that span")] = 300.0,
+    pairs: Annotated[int, typer.Option(help="Q&A paraphrase pairs put and asked (at most)")] = 300,
+) -> None:
+    """Drive realistic traffic through the running mesh (Mooncake KV events, semantic Q&A); print the
+    dashboard URL and a summary. Finds the mesh from `cachemesh up`'s state file."""
+    from infra.demo import DemoPlan, main
+
+    raise typer.Exit(main(DemoPlan(seconds=seconds, trace_s=trace_s, pairs=pairs)))
 
 
 # The replayer imports torch only when the heat policy is asked for.

@@ -120,7 +120,13 @@ def replay(
     """Replay TRACE through each policy at each capacity; print hit rates, write CSV and a plot."""
     limit_threads()
     console = Console()
-    data = read_trace(trace, fmt)
+    try:
+        data = read_trace(trace, fmt)
+    except (ValueError, KeyError, TypeError, OSError, EOFError) as exc:
+        # a file in another format (or damaged): say so, no traceback; 2 like any bad argument
+        kind = f"a {fmt} trace" if fmt else "a LIRS, ARC or Mooncake trace"
+        Console(stderr=True).print(f"[red]cannot read {trace} as {kind}: {type(exc).__name__}: {exc}[/]")
+        raise typer.Exit(2) from None
     unknown = [p for p in policy if p not in ALL]
     if unknown:
         raise typer.BadParameter(f"unknown policy {unknown}; known: {', '.join(ALL)}")

@@ -353,7 +353,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="python -m streams.generator", description="Replay the Mooncake trace as cache events."
     )
     parser.add_argument("--trace", type=Path, default=None, help="default: the shared Mooncake trace")
-    parser.add_argument("--bootstrap", default=None, help="Kafka bootstrap (default: $KAFKA_BOOTSTRAP)")
+    parser.add_argument(
+        "--bootstrap",
+        default=None,
+        help="Kafka bootstrap (default: $KAFKA_BOOTSTRAP, else the running mesh's)",
+    )
     parser.add_argument("--namespace", default=None, help="topic prefix (default: $KAFKA_TOPIC_NAMESPACE)")
     parser.add_argument("--until-s", type=float, default=None, help="only the first N seconds of the trace")
     parser.add_argument("--speed", type=float, default=10.0, help="x real time; 0 = as fast as possible")
@@ -375,8 +379,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     import os
 
-    bootstrap = args.bootstrap or os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-    namespace = args.namespace if args.namespace is not None else os.environ.get("KAFKA_TOPIC_NAMESPACE", "")
+    from infra.mesh_state import kafka_address
+
+    # no address given: the environment's, else the mesh `cachemesh up` started
+    env_bootstrap, env_namespace = kafka_address(os.environ)
+    bootstrap = args.bootstrap or env_bootstrap
+    namespace = args.namespace if args.namespace is not None else env_namespace
     took = asyncio.run(produce(events, bootstrap, namespace, speed=args.speed or None))
     print(f"sent {len(events)} events in {took:.1f} s ({len(events) / max(took, 1e-9):.0f}/s)")
 

@@ -41,6 +41,8 @@ class HeatService(Service):
         self._store: PostgresModelStore | None = None
         # The consumer's handler and the re-score loop share the policy; one at a time.
         self._lock = asyncio.Lock()
+        # (steps, labels seen) of the model as last saved or restored; a fresh model has nothing to save
+        self._saved: tuple[int, int] = (0, 0)
 
     async def open(self, stack: AsyncExitStack) -> None:
         db = await self.open_database(stack)
@@ -92,7 +94,14 @@ class HeatService(Service):
     async def _checkpoint_loop(self) -> None:
         while True:
             await asyncio.sleep(self.heat_settings.checkpoint_interval_s)
-            await self.checkpoint()
+            if self.model_changed():
+                await self.checkpoint()
+
+    def model_changed(self) -> bool:
+        """The model has trained since it was last saved or restored (an idle service has nothing new
+        to write every interval)."""
+        scorer = self.engine.policy.scorer
+        return (scorer.steps, scorer.labels_seen) != self._saved
 
     async def checkpoint(self) -> None:
         if self._store is None:
@@ -105,6 +114,7 @@ class HeatService(Service):
             params={"capacity": self.heat_settings.capacity, "seed": self.heat_settings.seed},
             metrics={"steps": saved.steps, "labels_seen": saved.labels_seen},
         )
+        self._saved = (saved.steps, saved.labels_seen)
         log.info("model checkpointed", extra={"version": self.model_version, "steps": saved.steps})
 
     async def _restore(self) -> None:
@@ -122,4 +132,5 @@ class HeatService(Service):
             )
             return
         self.model_version = version
+        self._saved = (self.engine.policy.scorer.steps, self.engine.policy.scorer.labels_seen)
         log.info("model restored", extra={"version": version, "steps": self.engine.policy.scorer.steps})

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.events import MAX_KEY_CHARS
+from services.runtime.docs import serve_docs
 from services.tiers import codec
 from services.tiers.edge.asgi import BodyLimit, EdgeFirst, LookupFastPath, encode_json
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
@@ -242,7 +243,11 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         version=API_VERSION,
         summary="Semantic cache tier node: L1 cuckoo + vector index, L2 block pool, L3 Postgres.",
         max_body_size=settings.max_request_bytes,
+        # served from the package instead of a CDN (services/runtime/docs.py): /docs works offline
+        docs_url=None,
+        redoc_url=None,
     )
+    serve_docs(app)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -257,7 +262,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         result = await cache.get(
             q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id, text=q.text
         )
-        return _lookup_dict(result, body.include_value)
+        return _lookup_dict(result, body.include_value, omitted=result.hit and not body.include_value)
 
     async def lookup_many(body: BatchBody) -> dict[str, Any]:
         if len(body.requests) > settings.max_batch:
@@ -271,7 +276,8 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
             include = req.include_value and size <= budget
             budget -= size if include else 0
             out.append(
-                _lookup_dict(result, include, omitted=req.include_value and result.hit and not include)
+                # omitted: asked without the value, or over the response budget
+                _lookup_dict(result, include, omitted=result.hit and not include)
             )
         return {"results": out}
 

@@ -1,0 +1,76 @@
+// cachemesh dashboard: polls api/snapshot and draws it with uPlot (vendored beside this file).
+// Each chart and table writes how much it holds into data-points / data-rows (the browser test reads them).
+"use strict";
+
+const POLL_MS = 1000;
+const COLORS = ["#2563eb", "#16a34a", "#d97706", "#dc2626", "#7c3aed"];
+const charts = {};
+
+function makeChart(name, series) {
+  const el = document.getElementById("chart-" + name);
+  const opts = {
+    width: 580, height: 220,
+    scales: { x: { time: true } },
+    series: [{}].concat(series.map((s, i) => ({ label: s.label, stroke: COLORS[i % COLORS.length], scale: s.scale || "y", spanGaps: true, points: { show: true, size: 4 } }))),
+    axes: [{}].concat(
+      [...new Set(series.map((s) => s.scale || "y"))].map((scale, i) => ({ scale: scale, side: i === 0 ? 3 : 1, grid: { show: i === 0 } }))
+    ),
+  };
+  charts[name] = { plot: new uPlot(opts, [[]].concat(series.map(() => [])), el), el: el, columns: series.map((s) => s.column) };
+}
+
+function fill(name, data) {
+  const c = charts[name];
+  c.plot.setData([data.t].concat(c.columns.map((col) => data[col])));
+  c.el.dataset.points = String(data.t.length);
+}
+
+function fmt(v) {
+  if (v === null || v === undefined) return "";
+  if (typeof v === "number" && !Number.isInteger(v)) return v.toFixed(3);
+  if (Array.isArray(v)) return v.join(", ");
+  return String(v);
+}
+
+function table(name, rows, columns) {
+  const el = document.getElementById("table-" + name);
+  el.dataset.rows = String(rows.length);
+  const head = "<tr>" + columns.map((c) => "<th>" + c + "</th>").join("") + "</tr>";
+  const body = rows.map((r) => "<tr>" + columns.map((c) => {
+    const v = c.endsWith("_ms") && c.startsWith("at") ? new Date(r[c]).toLocaleTimeString() : fmt(r[c]);
+    const bad = (c === "breaker" && v !== "closed" && v !== "") || (c === "mode" && v === "local_only");
+    return "<td" + (bad ? ' class="bad"' : "") + ">" + v.replace(/</g, "&lt;") + "</td>";
+  }).join("") + "</tr>").join("");
+  el.innerHTML = head + body;
+}
+
+async function poll() {
+  const status = document.getElementById("status");
+  try {
+    const response = await fetch("api/snapshot", { cache: "no-store" });
+    const snap = await response.json();
+    fill("hit_rate", snap.series.hit_rate);
+    fill("traffic", snap.series.traffic);
+    fill("warmup_delta", snap.series.warmup_delta);
+    fill("invalidations", snap.series.invalidations);
+    table("nodes", snap.nodes, ["node_id", "mode", "serving", "breaker", "window_hit_rate", "lookups", "hit_rate", "l1_entries", "pending_writes"]);
+    table("drift", snap.drift, ["cluster_id", "pattern", "shard", "size", "keys", "duration_ms", "variance"]);
+    table("heat", snap.heat, ["at_ms", "key", "decision", "score", "model_version"]);
+    table("warmups", snap.warmups, ["at_ms", "action", "source", "keys", "tier", "reason"]);
+    table("mode_changes", snap.mode_changes, ["at_ms", "node_id", "previous_mode", "mode", "reason"]);
+    document.getElementById("totals").textContent = Object.entries(snap.totals).map(([k, v]) => k + " " + v).join(" · ");
+    status.dataset.polls = String(Number(status.dataset.polls) + 1);
+    status.textContent = "live · " + snap.tiers.length + " tier node(s) · " + new Date(snap.now_ms).toLocaleTimeString();
+  } catch (err) {
+    status.textContent = "cannot reach the dashboard: " + err;
+  }
+}
+
+makeChart("hit_rate", [
+  { label: "all", column: "all" }, { label: "L1", column: "l1" }, { label: "L2", column: "l2" }, { label: "L3", column: "l3" },
+]);
+makeChart("traffic", [{ label: "QPS", column: "qps" }, { label: "entropy (bits)", column: "entropy_bits", scale: "bits" }]);
+makeChart("warmup_delta", [{ label: "Δt ms", column: "delta_t_ms" }]);
+makeChart("invalidations", [{ label: "dependants", column: "dependants" }]);
+poll();
+setInterval(poll, POLL_MS);

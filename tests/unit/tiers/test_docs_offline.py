@@ -1,0 +1,38 @@
+"""`/docs` renders offline: the page names only assets the app serves itself (swagger-ui from the
+package), and they are served, with or without the bearer token on /v1."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from services.runtime.docs import ASSETS, SWAGGER_UI_DIR
+from services.tiers.edge.api import create_app
+from tests.unit.tiers.fakes import Clock
+from tests.unit.tiers.test_api import make_cache, settings
+
+
+@pytest.mark.parametrize("token", [None, "s3cret-token"])
+async def test_docs_reference_only_local_assets_and_they_are_served(token: str | None) -> None:
+    extra = {} if token is None else {"api_token": SecretStr(token)}
+    app = create_app(make_cache(Clock()), settings(**extra))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://tiers") as http:
+        page = await http.get("/docs")
+        assert page.status_code == 200
+        refs = re.findall(r'(?:src|href)="([^"]+)"', page.text) + re.findall(r"url: '([^']+)'", page.text)
+        assert refs, page.text
+        assert all(r.startswith("/") and not r.startswith("//") for r in refs), refs
+        assert "cdn" not in page.text.lower()
+        for asset in ASSETS:
+            assert f"/docs/static/{asset}" in refs
+            got = await http.get(f"/docs/static/{asset}")
+            assert got.status_code == 200, asset
+            assert got.content == (SWAGGER_UI_DIR / asset).read_bytes()
+        assert (await http.get("/openapi.json")).status_code == 200
+        assert (await http.get("/docs/oauth2-redirect")).status_code == 200
+        assert (await http.get("/redoc")).status_code == 404  # it would load from a CDN
+        spec = (await http.get("/openapi.json")).json()
+        assert not any(p.startswith("/docs") for p in spec["paths"])
