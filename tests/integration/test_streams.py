@@ -257,8 +257,8 @@ async def _eventually(check, what: str, timeout_s: float = 120.0) -> None:  # ty
 
 
 @pytest.mark.xfail(
-    reason="open: in 1 of 3 runs the survivor's windows undercounted (e.g. hopping_10s s3 requests 196 != 334, "
-    "18 windows missing) after the other worker was killed mid-window; see issue 15",
+    reason="open: in 1 of 3 runs the survivor's windows undercounted (e.g. hopping_10s s3 requests "
+    "196 != 334, 18 windows missing) after the other worker was killed mid-window; see issue 15",
     strict=False,
 )
 async def test_two_workers_share_the_partitions_and_one_killed_mid_window_loses_and_doubles_nothing(
