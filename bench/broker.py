@@ -1,9 +1,11 @@
 """Publisher -> consumer on each broker: start time, throughput and end-to-end latency.
 
-Rows: the cachemesh runtime (schemas, traceparent, dedupe, commit-after-apply) and bare aiokafka
-(bytes in, bytes out) on Apache Kafka and on tansu, measured in the same run. Throughput is a burst
-of N events; latency is measured at a paced rate well under saturation, so it shows the path and not
-a queue. Run: `python -m bench.broker [--events N] [--rate R]`.
+Rows: the cachemesh runtime (schemas, traceparent, dedupe, commit-after-apply; per event and with
+`publish_many`) and bare aiokafka (bytes in, bytes out: records of the runtime's size, and the old
+19-byte records, which fit ten times as many to a producer batch) on Apache Kafka and on tansu, or on
+one running broker (`--bootstrap`), measured in the same run; "x bare" compares with the first.
+Throughput is a burst of N events; latency is measured at a paced rate well under saturation, so it
+shows the path and not a queue. Run: `python -m bench.broker [--events N] [--rate R]`.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from infra.brokers import ApacheKafkaBroker, Broker, TansuBroker
+from infra.brokers import ApacheKafkaBroker, Broker, ExternalBroker, TansuBroker
 from infra.topics import ensure_topics
 from schemas.events import CacheAccessed
+from schemas.wire import encode
 from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.settings import KafkaSettings
 from services.runtime.tracing import configure_tracing
@@ -54,8 +57,19 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _runtime_run(bootstrap: str, events: int, rate: float | None) -> tuple[float, list[float]]:
-    """Returns (seconds for all events, per-event latency ms)."""
+# Events per `publish_many` call in the batched runtime row.
+BATCH = 500
+
+
+async def _runtime_batched_run(bootstrap: str, events: int, rate: float | None) -> tuple[float, list[float]]:
+    return await _runtime_run(bootstrap, events, rate, batch=BATCH)
+
+
+async def _runtime_run(
+    bootstrap: str, events: int, rate: float | None, batch: int = 0
+) -> tuple[float, list[float]]:
+    """Returns (seconds for all events, per-event latency ms). `batch` > 0 publishes with
+    `publish_many` in chunks of that many events (one event a chunk when paced)."""
     namespace = f"bench{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
     settings = KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace, dedupe_window=events)
@@ -84,9 +98,17 @@ async def _runtime_run(bootstrap: str, events: int, rate: float | None) -> tuple
         await publisher.publish(CacheAccessed(key=f"w{i}", hit=False), wait=False)
     await asyncio.wait_for(warmed.wait(), 60)
     began = time.perf_counter()
+    chunk: list[CacheAccessed] = []
     for i in range(events):
         event = CacheAccessed(key=f"k{i % 1000}", hit=i % 2 == 0, tier="l1", latency_ms=0.1)
-        await publisher.publish(event, wait=False, headers=[(SENT_NS, str(time.time_ns()).encode())])
+        if not batch:
+            await publisher.publish(event, wait=False, headers=[(SENT_NS, str(time.time_ns()).encode())])
+        else:
+            chunk.append(event)
+            if rate or len(chunk) >= batch or i == events - 1:
+                sent = [(SENT_NS, str(time.time_ns()).encode())]
+                await publisher.publish_many(chunk, wait=False, headers=sent)
+                chunk = []
         if rate:
             await _pace(began, i + 1, rate)
     await asyncio.wait_for(done.wait(), 120)
@@ -111,7 +133,23 @@ async def _pace(began: float, sent: int, rate: float) -> None:
         await asyncio.sleep(ahead)
 
 
-async def _raw_run(bootstrap: str, events: int, rate: float | None) -> tuple[float, list[float]]:
+# What the runtime puts in a record (value and headers, by size), for the like-for-like bare row.
+_EVENT_VALUE = encode(CacheAccessed(key="k000", hit=True, tier="l1", latency_ms=0.1))
+_EVENT_HEADERS = [
+    ("event_type", b"cache.accessed"),
+    ("traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-02"),
+]
+
+
+async def _raw_tiny_run(bootstrap: str, events: int, rate: float | None) -> tuple[float, list[float]]:
+    return await _raw_run(bootstrap, events, rate, like_runtime=False)
+
+
+async def _raw_run(
+    bootstrap: str, events: int, rate: float | None, like_runtime: bool = True
+) -> tuple[float, list[float]]:
+    """`like_runtime`: records of the runtime's size (an encoded event, its headers, the send time
+    in a header); otherwise the send time alone as the value (~19 bytes, no headers)."""
     topic = f"bench-raw-{uuid.uuid4().hex[:6]}"
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
@@ -140,6 +178,8 @@ async def _raw_run(bootstrap: str, events: int, rate: float | None) -> tuple[flo
                 for r in records:
                     if r.value == b"warmup":
                         warm.append(1)
+                    elif like_runtime:
+                        latencies.append((now - int(dict(r.headers)[SENT_NS])) / 1e6)
                     else:
                         latencies.append((now - int(r.value)) / 1e6)
             if batch:  # one commit per batch, as the runtime does
@@ -154,7 +194,12 @@ async def _raw_run(bootstrap: str, events: int, rate: float | None) -> tuple[flo
         await asyncio.sleep(0.01)
     began = time.perf_counter()
     for i in range(events):
-        await producer.send(topic, str(time.time_ns()).encode(), key=f"k{i % 1000}".encode())
+        key = f"k{i % 1000}".encode()
+        if like_runtime:
+            headers = [*_EVENT_HEADERS, (SENT_NS, str(time.time_ns()).encode())]
+            await producer.send(topic, _EVENT_VALUE, key=key, headers=headers)
+        else:
+            await producer.send(topic, str(time.time_ns()).encode(), key=key)
         if rate:
             await _pace(began, i + 1, rate)
     await producer.flush()
@@ -165,12 +210,24 @@ async def _raw_run(bootstrap: str, events: int, rate: float | None) -> tuple[flo
     return elapsed, latencies
 
 
-def measure(broker: Broker, events: int, rate: float, progress: Progress) -> list[Row]:
+def measure(broker: Broker, events: int, rate: float, repeat: int, progress: Progress) -> list[Row]:
+    """Bursts `repeat` times, the clients taking turns (on a shared machine the load drifts; turns
+    spread it over all of them), reporting the median; then one paced latency run each."""
+    clients = (
+        ("cachemesh runtime", _runtime_run),
+        ("cachemesh runtime, publish_many", _runtime_batched_run),
+        ("bare aiokafka", _raw_run),
+        ("bare aiokafka, 19-byte records", _raw_tiny_run),
+    )
+    task = progress.add_task(f"{broker.name}", total=len(clients) * (repeat + 1))
+    rates: dict[str, list[float]] = {client: [] for client, _ in clients}
+    for _ in range(repeat):
+        for client, run in clients:
+            elapsed, _ = asyncio.run(run(broker.bootstrap, events, None))
+            rates[client].append(events / elapsed)
+            progress.advance(task)
     rows = []
-    for client, run in (("cachemesh runtime", _runtime_run), ("bare aiokafka", _raw_run)):
-        task = progress.add_task(f"{broker.name}: {client}", total=2)
-        elapsed, _ = asyncio.run(run(broker.bootstrap, events, None))
-        progress.advance(task)
+    for client, run in clients:
         _, latencies = asyncio.run(run(broker.bootstrap, max(200, int(rate * 5)), rate))
         progress.advance(task)
         rows.append(
@@ -179,7 +236,7 @@ def measure(broker: Broker, events: int, rate: float, progress: Progress) -> lis
                 client,
                 broker.start_seconds,
                 events,
-                events / elapsed,
+                statistics.median(rates[client]),
                 statistics.median(latencies),
                 _percentile(latencies, 0.99),
             )
@@ -190,16 +247,29 @@ def measure(broker: Broker, events: int, rate: float, progress: Progress) -> lis
 def main(
     events: Annotated[int, typer.Option(help="Events in the throughput burst")] = 20_000,
     rate: Annotated[float, typer.Option(help="Paced rate (events/s) for the latency run")] = 1_000.0,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Measure only this running broker (e.g. $KAFKA_BOOTSTRAP)")
+    ] = None,
+    repeat: Annotated[int, typer.Option(help="Bursts per client (median reported)")] = 3,
 ) -> None:
     configure_tracing("bench")
     rows: list[Row] = []
+    brokers: tuple[Broker, ...] = (
+        (ExternalBroker(bootstrap),) if bootstrap else (ApacheKafkaBroker(), TansuBroker())
+    )
     with Progress() as progress:
-        for broker in (ApacheKafkaBroker(), TansuBroker()):
+        for broker in brokers:
             with broker:
-                rows.extend(measure(broker, events, rate, progress))
-    base = {r.client: r for r in rows if r.broker == "kafka"}
-    table = Table(title=f"publisher -> consumer: {events} events burst; latency at {rate:.0f} events/s")
-    for column in ("broker", "client", "start s", "events/s", "x Kafka", "p50 ms", "p99 ms"):
+                rows.extend(measure(broker, events, rate, repeat, progress))
+    first = rows[0].broker
+    base = {r.client: r for r in rows if r.broker == first}
+    bare = {r.broker: r for r in rows if r.client == "bare aiokafka"}
+    table = Table(
+        title=f"publisher -> consumer: {events} events burst (median of {repeat}); "
+        f"latency at {rate:.0f} events/s"
+    )
+    columns = ("broker", "client", "start s", "events/s", f"x {first}", "x bare", "p50 ms", "p99 ms")
+    for column in columns:
         table.add_column(column, justify="right" if column not in ("broker", "client") else "left")
     for r in rows:
         table.add_row(
@@ -208,6 +278,7 @@ def main(
             f"{r.start_s:.2f}",
             f"{r.throughput_eps:,.0f}",
             f"{r.throughput_eps / base[r.client].throughput_eps:.2f}",
+            f"{r.throughput_eps / bare[r.broker].throughput_eps:.2f}",
             f"{r.p50_ms:.1f}",
             f"{r.p99_ms:.1f}",
         )

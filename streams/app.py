@@ -44,13 +44,9 @@ from schemas.events import (
     RequestPenetrated,
     WindowComputed,
 )
-from schemas.wire import (
-    DecodeError,
-    dead_letter_headers,
-    decode,
-    encode,
-)
+from schemas.wire import DecodeError, dead_letter_headers, encode
 from services.runtime import tracing
+from services.runtime.codec import decode_event
 from streams import faust_adapter, metrics
 from streams.handoff_gaps import read_handoff
 from streams.ingest import Ingest, IngestCounters
@@ -217,7 +213,7 @@ class StreamsApp:
             return
         self._last_offset[(topic, partition)] = offset
         try:
-            decoded = decode(message.value, self.settings.kafka.max_event_bytes)
+            decoded = decode_event(message.value, self.settings.kafka.max_event_bytes)
         except DecodeError as exc:
             await self._dead_letter(message, exc.kind, exc.reason)
             self._ack_soon.append((stream, event))
@@ -255,9 +251,8 @@ class StreamsApp:
             await self.app.consumer.seek_wait(dict.fromkeys(rewind, 0))
         async with self._lock:
             closing = self.ingest.close(self.clock(), self.caught_up(), self.source_count)
-            with tracing.producer_span(self.names.handoff):
-                # One trace per tick: stage 2 continues it in what the hand-off records close.
-                trace = tracing.inject_headers()
+            # One trace per tick: stage 2 continues it in what the hand-off records close.
+            trace = tracing.publish_headers(self.names.handoff)
             sent = []
             for partial in closing.partials:
                 key = partial.routing_key().encode()
@@ -407,9 +402,8 @@ class StreamsApp:
         while len(payload) > limit and isinstance(event, DriftClustered) and len(event.keys) > 1:
             event = event.model_copy(update={"keys": event.keys[: len(event.keys) // 2]})
             payload = encode(event)
-        with tracing.producer_span(topic):
-            headers = tracing.inject_headers([("event_type", str(event.type).encode())])  # type: ignore[attr-defined]
-            return await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
+        headers = tracing.publish_headers(topic, [("event_type", str(event.type).encode())])  # type: ignore[attr-defined]
+        return await self.send(topic, event.kafka_key().encode(), payload, headers=headers)
 
     async def write(self, table: Any, writes: Iterable[TableWrite]) -> None:
         """Applies stage writes to the local table and its changelog, on the chosen partition."""

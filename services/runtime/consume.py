@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from schemas.events import Event
-from schemas.wire import DecodeError, FailureKind, decode
+from schemas.wire import DecodeError, FailureKind
+from services.runtime.codec import decode_event
 
 
 @dataclass
@@ -117,7 +118,7 @@ def backoff_s(attempt: int, first_s: float, max_s: float) -> float:
 def admit(value: bytes | None, max_event_bytes: int, dedupe: Dedupe) -> Admission:
     """A record's value as it came off the wire: apply it, skip it, or dead-letter it."""
     try:
-        event = decode(value, max_event_bytes)
+        event = decode_event(value, max_event_bytes)
     except DecodeError as exc:
         return DeadLetter(exc.kind, exc.reason)
     if dedupe.seen(event.event_id):

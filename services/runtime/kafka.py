@@ -27,6 +27,7 @@ from aiokafka import (
     TopicPartition,
 )
 from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 
 from schemas.events import Event
 from schemas.topics import dlq_name, qualified
@@ -53,6 +54,11 @@ _RECORD_OVERHEAD_BYTES = 16 * 1024
 # The producer's own request limit stays generous: `publish` bounds events itself, and a dead-letter
 # record must fit whatever the broker accepted in the first place.
 _MAX_REQUEST_BYTES = 16 * 1024 * 1024
+# What the producer uses for `send`; `publish_many` places records with it so both agree.
+_PARTITIONER = DefaultPartitioner()
+
+
+_APPLIED = Applied()
 
 
 class EventTooLarge(ValueError):
@@ -91,6 +97,7 @@ class EventPublisher:
             client_id=self._client_id,
             acks="all",
             linger_ms=self._settings.linger_ms,
+            max_batch_size=self._settings.max_batch_bytes,
             request_timeout_ms=self._settings.request_timeout_ms,
             max_request_size=_MAX_REQUEST_BYTES,
         )
@@ -123,6 +130,55 @@ class EventPublisher:
         queued in the producer's batch, for request paths that must never wait on Kafka; a failed
         background send is logged and counted.
         """
+        name, record_key, payload, record_headers = self._record(event, topic, key, headers)
+        future = await self._send(name, record_key, payload, record_headers)
+        if wait:
+            await self._await_ack(name, future)
+        else:
+            self._pending.add(future)
+            future.add_done_callback(functools.partial(self._on_background_ack, name, 1))
+
+    async def publish_many(
+        self, events: Sequence[Event], *, wait: bool = True, headers: list[tuple[str, bytes]] | None = None
+    ) -> None:
+        """Send `events` to their catalogue topics as `publish` would (the same keys, headers and
+        partitions, so per-key order holds), filled straight into one producer batch per partition:
+        for callers that have many events at once, at a fraction of the per-event cost.
+
+        Nothing is sent if any event is over the size limit. `wait` as for `publish`; `headers` go on
+        every record.
+        """
+        producer = self._require_producer()
+        records = [self._record(event, None, None, headers) for event in events]
+        by_partition: dict[tuple[str, int], list[tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
+        partitions: dict[str, list[int]] = {}
+        for name, key, payload, record_headers in records:
+            if name not in partitions:
+                partitions[name] = list(await producer.partitions_for(name))
+            partition = _PARTITIONER(key, partitions[name], partitions[name])
+            by_partition.setdefault((name, partition), []).append((key, payload, record_headers))
+        futures: list[tuple[str, int, asyncio.Future[object]]] = []
+        for (name, partition), batch_records in by_partition.items():
+            batch, count = producer.create_batch(), 0
+            for key, payload, record_headers in batch_records:
+                while batch.append(timestamp=None, key=key, value=payload, headers=record_headers) is None:
+                    # Full: send it and go on in a fresh one (a record alone always fits).
+                    futures.append((name, count, await producer.send_batch(batch, name, partition=partition)))
+                    batch, count = producer.create_batch(), 0
+                count += 1
+            futures.append((name, count, await producer.send_batch(batch, name, partition=partition)))
+        for name, count, future in futures:
+            if wait:
+                await self._await_ack(name, future, count)
+            else:
+                self._pending.add(future)
+                future.add_done_callback(functools.partial(self._on_background_ack, name, count))
+
+    def _record(
+        self, event: Event, topic: str | None, key: str | None, headers: list[tuple[str, bytes]] | None
+    ) -> tuple[str, bytes, bytes, list[tuple[str, bytes]]]:
+        """(topic, key, value, headers) of the record for `event`; the event is encoded as it is,
+        not validated again (it was when it was built)."""
         payload = encode(event)
         if len(payload) > self._settings.max_event_bytes:
             raise EventTooLarge(
@@ -130,16 +186,11 @@ class EventPublisher:
             )
         name = topic or self.topic_for(event)
         record_key = (key if key is not None else event.kafka_key()).encode()
-        with tracing.producer_span(name):
-            record_headers = tracing.inject_headers(
-                [("event_type", str(event.type).encode()), *(headers or ())]  # type: ignore[attr-defined]
-            )
-            future = await self._send(name, record_key, payload, record_headers)
-        if wait:
-            await self._await_ack(name, future)
-        else:
-            self._pending.add(future)
-            future.add_done_callback(functools.partial(self._on_background_ack, name))
+        record_headers = tracing.publish_headers(
+            name,
+            [("event_type", str(event.type).encode()), *(headers or ())],  # type: ignore[attr-defined]
+        )
+        return name, record_key, payload, record_headers
 
     async def publish_raw(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
@@ -148,26 +199,30 @@ class EventPublisher:
         future = await self._send(topic, key, value, headers)
         await self._await_ack(topic, future)
 
+    def _require_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("publisher is not started")
+        return self._producer
+
     async def _send(
         self, topic: str, key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]]
     ) -> asyncio.Future[object]:
-        if self._producer is None:
-            raise RuntimeError("publisher is not started")
-        fut: asyncio.Future[object] = await self._producer.send(topic, value=value, key=key, headers=headers)
+        producer = self._require_producer()
+        fut: asyncio.Future[object] = await producer.send(topic, value=value, key=key, headers=headers)
         return fut
 
-    async def _await_ack(self, topic: str, future: asyncio.Future[object]) -> None:
+    async def _await_ack(self, topic: str, future: asyncio.Future[object], count: int = 1) -> None:
         try:
             await future
         except Exception:
-            metrics.PUBLISH_FAILURES.labels(topic).inc()
+            metrics.child(metrics.PUBLISH_FAILURES, topic).inc(count)
             raise
-        metrics.EVENTS_PUBLISHED.labels(topic).inc()
+        metrics.child(metrics.EVENTS_PUBLISHED, topic).inc(count)
 
-    def _on_background_ack(self, topic: str, future: asyncio.Future[object]) -> None:
+    def _on_background_ack(self, topic: str, count: int, future: asyncio.Future[object]) -> None:
         self._pending.discard(future)
         if future.cancelled() or future.exception() is not None:
-            metrics.PUBLISH_FAILURES.labels(topic).inc()
+            metrics.child(metrics.PUBLISH_FAILURES, topic).inc(count)
             log.error(
                 "background publish failed",
                 extra={
@@ -176,7 +231,7 @@ class EventPublisher:
                 },
             )
         else:
-            metrics.EVENTS_PUBLISHED.labels(topic).inc()
+            metrics.child(metrics.EVENTS_PUBLISHED, topic).inc(count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +300,10 @@ class EventConsumer:
         # Partitions revoked since the batch being processed was fetched: the rest of that batch on
         # them belongs to their next owner, who reads it again from the committed offset.
         self._revoked: set[TopicPartition] = set()
+        # The commit of the last polled batch, left to run while the next one is fetched and applied:
+        # a commit is a round trip to the coordinator, and waiting for it each poll bounded a
+        # consumer to one max_poll_records batch per round trip.
+        self._committing: asyncio.Task[None] | None = None
         self._stopping = False
         self.last_poll_monotonic: float | None = None
         self.processed = 0
@@ -278,6 +337,7 @@ class EventConsumer:
         if consumer is None:
             return
         try:
+            await self._commit_settled()
             async with self._lock:
                 await self._commit(consumer)
         finally:
@@ -321,8 +381,30 @@ class EventConsumer:
                             break
                         await self._process(record)
                         self._done[tp] = record.offset + 1
-            async with self._lock:
-                await self._commit(consumer)
+            self._commit_in_background(consumer)
+
+    def _commit_in_background(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit what was applied, without waiting; if the previous commit is still on its way,
+        what was applied since waits for the next poll (it must not overtake that one)."""
+        if self._committing is not None and not self._committing.done():
+            return
+        if not self._done:
+            return
+        self._committing = asyncio.create_task(self._commit(consumer), name=f"commit {self.group_id}")
+
+    async def _commit_settled(self) -> None:
+        """Wait for the commit in flight, if any, so that a later one cannot land before it (as
+        long as a revoke may wait; aiokafka orders commits by its own lock in any case)."""
+        task = self._committing
+        if task is None or task.done():
+            return
+        try:
+            async with asyncio.timeout(self._settings.session_timeout_ms / 2000):
+                await asyncio.shield(task)
+        except TimeoutError:
+            log.warning("an offset commit is still on its way; going on without it")
+        except Exception:
+            log.exception("background offset commit failed")
 
     async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
         """Before `revoked` go: wait for the record in flight, commit what was applied on them."""
@@ -338,6 +420,7 @@ class EventConsumer:
             log.warning("a handler outlived the revoke; its record will be redelivered")
         try:
             self._revoked |= revoked
+            await self._commit_settled()
             offsets = {tp: self._done.pop(tp) for tp in revoked if tp in self._done}
             consumer = self._consumer
             if not offsets or consumer is None:
@@ -375,14 +458,14 @@ class EventConsumer:
 
     async def _process(self, record: ConsumerRecord[bytes, bytes]) -> None:
         admission = admit(record.value, self._settings.max_event_bytes, self._dedupe)
-        if isinstance(admission, DeadLetter):
-            await self._dead_letter(record, admission)
         if not isinstance(admission, Apply):
-            metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, admission.outcome).inc()
+            if isinstance(admission, DeadLetter):
+                await self._dead_letter(record, admission)
+            metrics.child(metrics.EVENTS_CONSUMED, record.topic, self.group_id, admission.outcome).inc()
             return
         event = admission.event
         headers = tuple(record.headers or ())
-        with tracing.consumer_span(record.topic, headers):
+        with tracing.consumer_span(record.topic, headers) as span:
             delivery = Delivery(
                 event=event,
                 topic=record.topic,
@@ -391,27 +474,36 @@ class EventConsumer:
                 key=record.key,
                 headers=headers,
                 timestamp_ms=record.timestamp,
-                trace_id=tracing.current_trace_id(),
+                trace_id=tracing.trace_id_of(span),
             )
             verdict = await self._apply(delivery, record)
         self._dedupe.remember(event.event_id)
         self.processed += 1
-        metrics.EVENTS_CONSUMED.labels(record.topic, self.group_id, verdict.outcome).inc()
+        metrics.child(metrics.EVENTS_CONSUMED, record.topic, self.group_id, verdict.outcome).inc()
 
     async def _apply(self, delivery: Delivery, record: ConsumerRecord[bytes, bytes]) -> Applied | DeadLetter:
+        started = time.perf_counter()
+        try:
+            await self._handler(delivery)
+        except self._catch as exc:
+            error: BaseException = exc
+        else:
+            # The usual case, without the retry bookkeeping.
+            metrics.child(metrics.HANDLER_SECONDS, record.topic, self.group_id).observe(
+                time.perf_counter() - started
+            )
+            return _APPLIED
+        return await self._apply_again(delivery, record, error)
+
+    async def _apply_again(
+        self, delivery: Delivery, record: ConsumerRecord[bytes, bytes], first_error: BaseException
+    ) -> Applied | DeadLetter:
+        """The handler raised `first_error`: retry, dead-letter or give up, as the policy says."""
         attempts = Attempts()
+        error: BaseException | None = first_error
         while True:
-            started = time.perf_counter()
-            error: BaseException | None = None
-            try:
-                await self._handler(delivery)
-            except self._catch as exc:
-                error = exc
             verdict = after_attempt(error, attempts, self._policy, stopping=self._stopping)
             if isinstance(verdict, Applied):
-                metrics.HANDLER_SECONDS.labels(record.topic, self.group_id).observe(
-                    time.perf_counter() - started
-                )
                 return verdict
             if isinstance(verdict, Abandon):
                 raise verdict.error
@@ -426,6 +518,15 @@ class EventConsumer:
                 )
                 await asyncio.sleep(verdict.backoff_s)
             attempts = verdict.attempts
+            started, error = time.perf_counter(), None
+            try:
+                await self._handler(delivery)
+            except self._catch as exc:
+                error = exc
+            else:
+                metrics.child(metrics.HANDLER_SECONDS, record.topic, self.group_id).observe(
+                    time.perf_counter() - started
+                )
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], verdict: DeadLetter) -> None:
         kind, reason = verdict.kind, verdict.reason
@@ -443,7 +544,7 @@ class EventConsumer:
             "dead-lettered a record",
             extra={"topic": record.topic, "offset": record.offset, "kind": kind, "reason": reason[:200]},
         )
-        metrics.EVENTS_DEAD_LETTERED.labels(record.topic, kind).inc()
+        metrics.child(metrics.EVENTS_DEAD_LETTERED, record.topic, kind).inc()
         # Waits for the acknowledgement: the source offset is committed only once the DLQ holds it.
         attempt = 0
         while True:

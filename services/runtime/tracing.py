@@ -1,23 +1,41 @@
 """W3C trace context for events: a span per publish and per handled record, `traceparent` in Kafka
-headers. Uses OpenTelemetry; spans are exported only if an exporter is configured."""
+headers. Uses OpenTelemetry; spans are exported only if an exporter is configured.
+
+Spans nobody samples (the default: see `configure_tracing`) take a fast path: the same trace and
+span ids the SDK would give a non-recording span, written straight into the headers and the context,
+without the SDK's sampler, span and propagator machinery, which cost more than the rest of a record's
+path. Sampled traces, trace state, baggage and any other tracing setup take the SDK path.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
+from opentelemetry import baggage, trace
 from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.propagate import extract, inject
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagate import extract, get_global_textmap, inject
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 Headers = Sequence[tuple[str, bytes]]
 
 _configured = False
+# Set while unsampled spans may take the fast path: our provider and sampler are the global ones and
+# the propagators are the default W3C pair. Holds the provider's id generator.
+_fast_ids: IdGenerator | None = None
+# As the SDK's TraceContext propagator parses `traceparent`.
+_TRACEPARENT = re.compile("^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
+_TRACEPARENT_MAX_CHARS = 512
+_EMPTY_CONTEXT = otel_context.Context()
 
 
 def configure_tracing(service_name: str) -> None:
@@ -27,13 +45,106 @@ def configure_tracing(service_name: str) -> None:
     variable) decides when set; otherwise root spans are not recorded, which halves the cost of a
     span, while trace ids still travel in `traceparent` and children follow their parent's choice.
     """
-    global _configured
+    global _configured, _fast_ids
     if _configured:
         return
     sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(ALWAYS_OFF)
     resource = Resource.create({"service.name": service_name})
-    trace.set_tracer_provider(TracerProvider(resource=resource, sampler=sampler))
+    provider = TracerProvider(resource=resource, sampler=sampler)
+    trace.set_tracer_provider(provider)
     _configured = True
+    if sampler is not None and trace.get_tracer_provider() is provider and _default_propagators():
+        _fast_ids = provider.id_generator
+
+
+def _default_propagators() -> bool:
+    textmap = get_global_textmap()
+    kinds = [type(p) for p in getattr(textmap, "_propagators", ())]
+    return isinstance(textmap, CompositePropagator) and kinds == [
+        TraceContextTextMapPropagator,
+        W3CBaggagePropagator,
+    ]
+
+
+_ROOT_FLAGS = {True: TraceFlags(TraceFlags.RANDOM_TRACE_ID), False: TraceFlags(TraceFlags.DEFAULT)}
+# The common header, matched in one go; anything else takes the general parse below.
+_TRACEPARENT_V00 = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-(0[02468ace])")
+_NO_TRACE = 0
+
+
+def _unsampled_child(trace_id: int, random_id: bool, ids: IdGenerator) -> SpanContext:
+    """The span context the SDK gives a span its ParentBased(ALWAYS_OFF) sampler drops: the
+    parent's trace (`trace_id`, 0 for a root span) under a new span id."""
+    if trace_id == _NO_TRACE:
+        trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
+    return SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=_ROOT_FLAGS[random_id])
+
+
+def _traceparent(ctx: SpanContext) -> bytes:
+    return b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
+
+
+def _remote_parent(headers: Headers | None) -> tuple[bool, int, bool]:
+    """(whether the fast path can stand in for the SDK: no sampled parent, no trace state; the
+    trace id `traceparent` names, 0 if none is valid; whether the parent says it is random)."""
+    value: bytes | None = None
+    for key, raw in headers or ():
+        if key == "traceparent" and raw is not None:
+            value = raw
+        elif key == "tracestate" and raw is not None:
+            return False, _NO_TRACE, False
+    if value is None or len(value) > _TRACEPARENT_MAX_CHARS:
+        return True, _NO_TRACE, False
+    common = _TRACEPARENT_V00.fullmatch(value)
+    if common is not None:
+        trace_hex, span_hex, flag_hex = common.group(1, 2, 3)
+        if trace_hex == b"0" * 32 or span_hex == b"0" * 16:
+            return True, _NO_TRACE, False
+        return True, int(trace_hex, 16), bool(int(flag_hex, 16) & TraceFlags.RANDOM_TRACE_ID)
+    match = _TRACEPARENT.search(value.decode("latin-1"))
+    if match is None:
+        return True, _NO_TRACE, False
+    version, trace_id, span_id, flags = match.group(1, 2, 3, 4)
+    if trace_id == "0" * 32 or span_id == "0" * 16 or version == "ff" or (version == "00" and match.group(5)):
+        return True, _NO_TRACE, False
+    trace_flags = TraceFlags(int(flags, 16))
+    if trace_flags.sampled:
+        return False, _NO_TRACE, False
+    return True, int(trace_id, 16), trace_flags.random_trace_id
+
+
+def publish_headers(topic: str, headers: Sequence[tuple[str, bytes]] = ()) -> list[tuple[str, bytes]]:
+    """`headers` plus the trace context of a producer span for a record sent to `topic`."""
+    ids = _fast_ids
+    if ids is not None:
+        current = otel_context.get_current()
+        if not current:
+            # Nothing in the context (no span, no baggage): a root span.
+            return [*headers, ("traceparent", _traceparent(_unsampled_child(_NO_TRACE, False, ids)))]
+        parent = trace.get_current_span(current).get_span_context()
+        if not parent.trace_flags.sampled and not parent.trace_state and not baggage.get_all(current):
+            trace_id = parent.trace_id if parent.is_valid else _NO_TRACE
+            child = _unsampled_child(trace_id, parent.trace_flags.random_trace_id, ids)
+            return [*headers, ("traceparent", _traceparent(child))]
+    with producer_span(topic):
+        return inject_headers(list(headers))
+
+
+class _UnsampledSpan:
+    """Makes a non-recording span current, as the SDK's consumer span would be, for the handler."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: NonRecordingSpan) -> None:
+        self._span = span
+        self._token: object = None
+
+    def __enter__(self) -> Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span, _EMPTY_CONTEXT))
+        return self._span
+
+    def __exit__(self, *_: object) -> None:
+        otel_context.detach(self._token)  # type: ignore[arg-type]
 
 
 _tracer_cache: trace.Tracer | None = None
@@ -70,9 +181,18 @@ def producer_span(topic: str) -> Iterator[Span]:
         yield span
 
 
-@contextmanager
-def consumer_span(topic: str, headers: Headers | None) -> Iterator[Span]:
+def consumer_span(topic: str, headers: Headers | None) -> AbstractContextManager[Span]:
     """A span for handling one record, child of the producer's span when `traceparent` is present."""
+    ids = _fast_ids
+    if ids is not None:
+        fast, trace_id, random_id = _remote_parent(headers)
+        if fast:
+            return _UnsampledSpan(NonRecordingSpan(_unsampled_child(trace_id, random_id, ids)))
+    return _sdk_consumer_span(topic, headers)
+
+
+@contextmanager
+def _sdk_consumer_span(topic: str, headers: Headers | None) -> Iterator[Span]:
     parent = extract(headers_carrier(headers))
     token = otel_context.attach(parent)
     try:
@@ -81,6 +201,11 @@ def consumer_span(topic: str, headers: Headers | None) -> Iterator[Span]:
             yield span
     finally:
         otel_context.detach(token)
+
+
+def trace_id_of(span: Span) -> str | None:
+    ctx = span.get_span_context()
+    return format(ctx.trace_id, "032x") if ctx.is_valid else None
 
 
 def current_trace_id() -> str | None:
