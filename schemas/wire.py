@@ -84,13 +84,14 @@ def decode(data: bytes | None, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> Even
     if not isinstance(raw, dict):
         raise DecodeError("not_an_object", f"expected a JSON object, got {type(raw).__name__}")
     version = raw.get("schema_version")
-    if version not in SUPPORTED_SCHEMA_VERSIONS:
+    # Membership tests hash the value: a list or an object there is refused, not a TypeError.
+    if isinstance(version, list | dict) or version not in SUPPORTED_SCHEMA_VERSIONS:
         supported = sorted(SUPPORTED_SCHEMA_VERSIONS)
         raise DecodeError(
             "unsupported_schema_version", f"schema_version {version!r} is not one of {supported}"
         )
     event_type = raw.get("type")
-    if event_type not in EVENT_TYPES:
+    if not isinstance(event_type, str) or event_type not in EVENT_TYPES:
         raise DecodeError("unknown_type", f"unknown event type {event_type!r}")
     # Defaults are a convenience for producers in Python; on the wire both are required, since
     # de-duplication and windows depend on them.

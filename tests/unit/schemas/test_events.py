@@ -69,6 +69,10 @@ def _payload(**overrides: object) -> bytes:
         (_payload(schema_version="1"), "unsupported_schema_version", "schema_version '1'"),
         (_payload(schema_version=...), "unsupported_schema_version", "schema_version None"),
         (_payload(type="cache.exploded"), "unknown_type", "cache.exploded"),
+        # unhashable values where a version or a type belongs: refused, never a TypeError (a poison pill)
+        (_payload(schema_version=[1]), "unsupported_schema_version", "schema_version [1]"),
+        (_payload(schema_version={"v": 1}), "unsupported_schema_version", "schema_version {'v': 1}"),
+        (_payload(type=["cache.accessed"]), "unknown_type", "['cache.accessed']"),
         (_payload(event_id=...), "invalid", "event_id"),
         (_payload(key=""), "invalid", "key"),
         (_payload(hit="maybe"), "invalid", "hit"),
