@@ -177,4 +177,16 @@ def run_service(factory: Callable[[], Service]) -> None:
         async with service:
             await service.run()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=_loop_factory(service.settings.event_loop)) as runner:
+        runner.run(main())
+
+
+def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:  # an install without it: asyncio's loop, said once
+            logging.getLogger(__name__).warning("uvloop is not installed; running on asyncio's loop")
+            return None
+        return uvloop.new_event_loop
+    return None
