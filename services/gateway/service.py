@@ -4,16 +4,13 @@ tier node and the upstream, and the OpenAI-compatible API; runs the loop that en
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
 import httpx
-import uvicorn
 
 from schemas.events import Event
 from services.gateway.api import create_app
@@ -22,6 +19,7 @@ from services.gateway.proxy import Proxy
 from services.gateway.settings import GatewaySettings
 from services.gateway.tier_cache import TierCache
 from services.gateway.upstream import Upstream
+from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import EventPublisher
 from services.runtime.service import Loop, Service
 
@@ -30,14 +28,6 @@ log = logging.getLogger(__name__)
 
 def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
-
-
-class _ApiServer(uvicorn.Server):
-    """uvicorn inside the service's event loop; signals stay with `run_service`."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
 
 
 def _breaker_dict(stats: BreakerStats) -> dict[str, Any]:
@@ -59,8 +49,7 @@ class GatewayService(Service):
         self.proxy: Proxy | None = None
         self.publisher: EventPublisher | None = None
         self.api_port: int | None = None
-        self._api: _ApiServer | None = None
-        self._api_sockets: list[socket.socket] = []
+        self._api: InLoopServer | None = None
 
     @property
     def api_url(self) -> str:
@@ -129,37 +118,16 @@ class GatewayService(Service):
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.proxy is not None
         s = self.settings
-        # IPPROTO_TCP explicitly so asyncio turns Nagle off on accepted sockets (see the tier node's API).
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((s.api_host, s.api_port))
-        except OSError as exc:
-            sock.close()
-            raise OSError(f"gateway API cannot listen on {s.api_host}:{s.api_port}: {exc}") from exc
-        self.api_port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            create_app(self.proxy, s, self.stats),
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-            server_header=False,
-        )
-        config.load()
-        server = _ApiServer(config)
-        server.lifespan = config.lifespan_class(config)
-        await server.startup(sockets=[sock])
-        self._api, self._api_sockets = server, [sock]
+        app = create_app(self.proxy, s, self.stats)
+        self._api = await serve_in_loop(app, s.api_host, s.api_port, "gateway API")
+        self.api_port = self._api.port
         stack.push_async_callback(self._stop_api)
         log.info("gateway API listening", extra={"url": self.api_url, "upstream": s.upstream_url})
 
     async def _stop_api(self) -> None:
         server, self._api = self._api, None
         if server is not None:
-            server.should_exit = True
-            await server.shutdown(sockets=self._api_sockets)
+            await server.stop()
 
     def loops(self) -> Sequence[Loop]:
         return (self._end_idle_conversations, self._api_ticks)
@@ -178,7 +146,7 @@ class GatewayService(Service):
 
     async def _api_ticks(self) -> None:
         if self._api is not None:
-            await self._api.main_loop()  # keeps uvicorn's Date header fresh until shutdown
+            await self._api.tick()
 
     def stats(self) -> dict[str, Any]:
         proxy = self.proxy

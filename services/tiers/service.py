@@ -9,13 +9,11 @@ import asyncio
 import contextlib
 import gc
 import logging
-import socket
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any, ClassVar
 
-import uvicorn
 from prometheus_client import Counter, Gauge
 
 from schemas.events import (
@@ -28,6 +26,7 @@ from schemas.events import (
     WarmupApplied,
     WarmupRequested,
 )
+from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.service import Loop, Service
 from services.tiers.edge.api import create_app
@@ -86,14 +85,6 @@ MODE_CHANGES = Counter(
 )
 
 
-class _ApiServer(uvicorn.Server):
-    """uvicorn inside the service's event loop; signals stay with `run_service`."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 class TiersService(Service):
     name: ClassVar[str] = "tiers"
     settings: TiersSettings
@@ -107,8 +98,7 @@ class TiersService(Service):
         self.block_server: TcpBlockServer | None = None
         self.peers: L2Peers | None = None
         self.api_port: int | None = None
-        self._api: _ApiServer | None = None
-        self._api_sockets: list[socket.socket] = []
+        self._api: InLoopServer | None = None
         self._wake = asyncio.Event()
         self.published_invalidations = 0
         self.publish_errors = 0
@@ -290,40 +280,22 @@ class TiersService(Service):
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.cache is not None
         s = self.settings
-        # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto says
-        # TCP, and accepted sockets inherit it; with proto 0 every response waits ~40 ms for a delayed ACK.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.bind((s.api_host, s.api_port))
-        except OSError as exc:
-            sock.close()
-            raise OSError(f"tiers API cannot listen on {s.api_host}:{s.api_port}: {exc}") from exc
-        self.api_port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
+        self._api = await serve_in_loop(
             create_app(self.cache, s, self.embedder),
+            s.api_host,
+            s.api_port,
+            "tiers API",
             http="httptools",  # a declared dependency; h11 costs several times more per request
             proxy_headers=False,  # nothing reads the client address; its wrapper costs on every request
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=2,
-            server_header=False,
         )
-        config.load()
-        server = _ApiServer(config)
-        server.lifespan = config.lifespan_class(config)
-        await server.startup(sockets=[sock])
-        self._api, self._api_sockets = server, [sock]
+        self.api_port = self._api.port
         stack.push_async_callback(self._stop_api)
         log.info("tiers API listening", extra={"url": self.api_url})
 
     async def _stop_api(self) -> None:
         server, self._api = self._api, None
         if server is not None:
-            server.should_exit = True
-            await server.shutdown(sockets=self._api_sockets)
+            await server.stop()
 
     def loops(self) -> Sequence[Loop]:
         return (self._send_events, self._housekeeping, self._api_ticks, self._watch_hearing)
@@ -503,7 +475,7 @@ class TiersService(Service):
 
     async def _api_ticks(self) -> None:
         if self._api is not None:
-            await self._api.main_loop()  # keeps uvicorn's Date header fresh until shutdown
+            await self._api.tick()
 
     # --- health ---------------------------------------------------------------------------------
 
