@@ -23,6 +23,7 @@ import numpy as np
 from policies.base import AccessMeta, Policy
 from schemas.events import (
     CacheAccessed,
+    ConversationEnded,
     Event,
     KvBlockRemoved,
     KvBlockStored,
@@ -58,6 +59,10 @@ class EngineConfig:
       quadratic attention term is folded into the average).
     - Base 15 ms: scheduling plus the first decode step (NVIDIA NIM's Llama-3.1-8B-Instruct benchmark:
       TTFT 10.3 ms, ITL 4.6 ms at concurrency 1 with a short prompt).
+    - `layerwise_overlap`: the prefix KV found in L2/L3 streams in layer by layer while the suffix's
+      prefill runs (LMCache's layerwise mode, Mooncake's layer-wise prefill): layer l's load overlaps
+      layer l-1's compute, so a request takes max(load, prefill) + min(load, prefill) / layers instead
+      of their sum. Off by default: vLLM's own prefix cache does not pipeline loads from host memory.
     """
 
     shape: KvShape = field(default_factory=lambda: KvShape(layers=32, kv_heads=8, head_dim=128))
@@ -71,6 +76,7 @@ class EngineConfig:
     base_ms: float = 15.0
     tick_ms: int = 100  # the warmup service's tick_interval_ms
     window_ms: int = 1_000  # the streams' tumbling_1s window
+    layerwise_overlap: bool = False
 
     @property
     def block_bytes(self) -> int:
@@ -88,6 +94,7 @@ class Request:
     input_tokens: int
     trace_id: str | None = None
     turn: int = 0  # 0 for the first request of a conversation (or when there are none)
+    last: bool = False  # the conversation's last turn (the client closes its session after it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,11 +227,17 @@ class Engine:
     with a `planner`, the engine tells it what it stores and reads and carries out its warmups."""
 
     def __init__(
-        self, config: EngineConfig, policy: Policy | None, planner: WarmupPlanner | None = None
+        self,
+        config: EngineConfig,
+        policy: Policy | None,
+        planner: WarmupPlanner | None = None,
+        *,
+        end_signal: bool = False,
     ) -> None:
         self.config = c = config
         self.policy = policy
         self.planner = planner
+        self.end_signal = end_signal  # after a last turn, publish ConversationEnded (context lifecycle)
         pages = max(1, math.ceil(c.l2_blocks * MAX_BLOCK_BYTES / PAGE_BYTES))
         self._clock_ms = 0
         self.l2 = LruTier(c.l2_blocks, BlockPool(pages, xp=np, clock=lambda: self._clock_ms))
@@ -304,7 +317,11 @@ class Engine:
         loads_ms = sum(c.load_ms(t) for t in where if t != "gpu")
         prefill_tokens = max(0, r.input_tokens - reused * c.block_tokens)
         prefill_ms = prefill_tokens * c.prefill_ms_per_token
-        ftl = c.base_ms + loads_ms + prefill_ms
+        if c.layerwise_overlap:
+            layers = c.shape.layers
+            ftl = c.base_ms + max(loads_ms, prefill_ms) + min(loads_ms, prefill_ms) / layers
+        else:
+            ftl = c.base_ms + loads_ms + prefill_ms
         computed_ms = prefill_ms / max(1, len(r.blocks) - reused)
         events: list[Event] = []
         for i, b in enumerate(r.blocks):
@@ -349,12 +366,20 @@ class Engine:
                     )
                 )
             self._tell(events)
+        if self.end_signal and r.last and r.trace_id is not None:
+            self._ended(r.trace_id, now)
         self.run.fragmentation.append(self.l2.fragmentation())
         hits = where.count("gpu")
         served = Served(now, ftl, len(r.blocks), hits, where.count("l2"), where.count("l3"),
                         prefill_tokens, r.turn)  # fmt: skip
         self.run.served.append(served)
         return served
+
+    def _ended(self, trace_id: str, now: int) -> None:
+        ended = getattr(self.policy, "ended", None)
+        if callable(ended):  # a policy that reads the lifecycle ranks the blocks last; they stay resident
+            ended(trace_id)
+        self._tell([ConversationEnded(trace_id=trace_id, occurred_at_ms=now)])
 
     def _accessed(self, r: Request, b: int, hit: bool, latency: float, now: int) -> CacheAccessed:
         return CacheAccessed(

@@ -30,8 +30,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench._warmup_engine import Engine, EngineConfig, EngineRun, Request
+from bench._warmup_engine import Engine, EngineConfig, EngineRun, Request, Served
+from policies.base import Policy
 from services.warmup.planner import PlannerConfig, WarmupPlanner
+from services.warmup.retention import TurnAwareRetention
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = Path("/work/shared/data/traces/mooncake_synthetic.jsonl")
@@ -65,7 +67,8 @@ def long_context(w: LongContext, block_tokens: int = 512) -> list[Request]:
         for t in range(w.turns):
             n = (t + 1) * per_turn
             blocks = tuple(c * 10_000 + j for j in range(n))
-            out.append(Request(round(at), blocks, n * block_tokens, f"conv-{c}", t))
+            last = t == w.turns - 1
+            out.append(Request(round(at), blocks, n * block_tokens, f"conv-{c}", t, last))
             shape = 1.0 / (w.think_cv * w.think_cv)
             think = rng.gamma(shape, w.think_mean_s * 1000 / shape)
             at += w.output_tokens * w.tpot_ms + max(w.think_min_s * 1000, think)
@@ -95,9 +98,11 @@ def mooncake(path: Path, limit: int | None, sessions: bool) -> list[Request]:
 @dataclass(frozen=True, slots=True)
 class Variant:
     name: str
-    policy: str | None  # None: no cache
+    policy: str | None  # None: no cache; "turn-aware": services/warmup/retention.py; "opt": Belady
     warmup: bool
     sessions: bool = False  # mooncake only: session ids inferred from the first block
+    overlap: bool = False  # layer-wise load/prefill pipelining (EngineConfig.layerwise_overlap)
+    end_signal: bool = False  # ConversationEnded after a conversation's last turn
 
 
 VARIANTS = [
@@ -105,8 +110,18 @@ VARIANTS = [
     Variant("lru", "lru", False),
     Variant("lru + warmup", "lru", True),
     Variant("heat", "heat", False),
+    Variant("(a) turn-aware GPU tier", "turn-aware", False),
+    Variant("(a) turn-aware + end signal", "turn-aware", False, end_signal=True),
+    Variant("(b) turn-aware + end + warmup", "turn-aware", True, end_signal=True),
+    Variant("(b) turn-aware + end + warmup + overlap", "turn-aware", True, overlap=True, end_signal=True),
+    Variant("(c) lru + layerwise overlap", "lru", False, overlap=True),
+    Variant("(c) turn-aware + end + overlap", "turn-aware", False, overlap=True, end_signal=True),
+    Variant("(c) heat + warmup + overlap", "heat", True, overlap=True),
     Variant("cachemesh (heat + warmup)", "heat", True),
+    Variant("oracle: Belady GPU tier", "opt", False),
+    Variant("oracle: Belady GPU tier + overlap", "opt", False, overlap=True),
 ]
+FLOOR = "bound: every seen block on the GPU"
 INFERRED = Variant("cachemesh, sessions = first block", "heat", True, sessions=True)
 
 
@@ -196,13 +211,37 @@ def replay(
 ) -> tuple[EngineRun, dict[str, object] | None]:
     from policies import make_policy
 
-    policy = make_policy(variant.policy, config.gpu_blocks, seed=seed) if variant.policy else None
-    planner = WarmupPlanner(planner_config(config)) if variant.warmup else None
-    engine = Engine(config, policy, planner)
+    config = replace(config, layerwise_overlap=variant.overlap)
+    pc = planner_config(config)
+    policy: Policy | None
+    if variant.policy == "turn-aware":
+        policy = TurnAwareRetention(config.gpu_blocks, turn_idle_ms=pc.turn_idle_ms)
+    elif variant.policy == "opt":  # reads the future: one on_hit / on_miss per block, in order
+        assert not variant.warmup, "Belady cannot take warmup admissions it has not seen coming"
+        future = [b for r in requests for b in r.blocks]
+        policy = make_policy("opt", config.gpu_blocks, future=future)
+    else:
+        policy = make_policy(variant.policy, config.gpu_blocks, seed=seed) if variant.policy else None
+    planner = WarmupPlanner(pc) if variant.warmup else None
+    engine = Engine(config, policy, planner, end_signal=variant.end_signal)
     for r in requests:
         engine.serve(r)
         step()
     return engine.run, planner.stats() if planner is not None else None
+
+
+def floor(config: EngineConfig, requests: list[Request]) -> EngineRun:
+    """The bound no cache or predictor passes: every block seen before sits on the GPU (unbounded
+    capacity, nothing to load), so a request pays only base + prefill of its never-seen suffix."""
+    run = EngineRun()
+    seen: set[int] = set()
+    for r in requests:
+        reused = next((i for i, b in enumerate(r.blocks) if b not in seen), len(r.blocks))
+        tokens = max(0, r.input_tokens - reused * config.block_tokens)
+        ftl = config.base_ms + tokens * config.prefill_ms_per_token
+        run.served.append(Served(r.at_ms, ftl, len(r.blocks), reused, 0, 0, tokens, r.turn))
+        seen.update(r.blocks)
+    return run
 
 
 def main() -> None:
@@ -220,6 +259,9 @@ def main() -> None:
         "--regular-think-cv", type=float, default=0.1, help="think-time CV of the regular workload"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--only", action="append", default=None, help="run variants whose name holds this (repeatable)"
+    )
     args = parser.parse_args()
     limit_threads()
     console = Console(width=200)
@@ -241,8 +283,12 @@ def main() -> None:
     jobs = [(w, v, reqs) for w, (reqs, vs) in workloads.items() for v in vs] + [
         ("mooncake", INFERRED, inferred)
     ]
+    if args.only:  # the baseline stays: every table is relative to it
+        jobs = [j for j in jobs if j[1].name == BASELINE or any(o in j[1].name for o in args.only)]
     rows: list[Row] = []
     ftls: dict[tuple[str, str], list[float]] = {}
+    for workload, (reqs, _) in workloads.items():
+        rows.append(summarise(workload, FLOOR, floor(config, reqs), None))
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("replaying", total=sum(len(reqs) for _, _, reqs in jobs))
         for workload, variant, reqs in jobs:
