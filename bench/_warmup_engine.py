@@ -17,11 +17,13 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from policies.base import AccessMeta, Policy
 from schemas.events import (
+    MAX_KEYS_PER_EVENT,
     CacheAccessed,
     ConversationEnded,
     Event,
@@ -35,7 +37,7 @@ from schemas.events import (
 )
 from services.tiers.l2.block_pool import MAX_BLOCK_BYTES, PAGE_BYTES, BlockPool
 from services.warmup.ftl import KvShape
-from services.warmup.planner import ALL_NODES, WarmupPlanner
+from services.warmup.planner import ALL_NODES
 from streams.entropy import shannon_entropy_bits
 
 NODE = "gpu0"
@@ -222,6 +224,77 @@ class EngineRun:
     holds: Counter[str] = field(default_factory=Counter)  # why the planner held, by cause
 
 
+class Planner(Protocol):
+    """What the engine asks of a warmup planner: the real `WarmupPlanner`, or the oracle."""
+
+    def apply(self, event: Event) -> list[Event]: ...
+    def tick(self, now_ms: int) -> list[Event]: ...
+    def stats(self) -> dict[str, object]: ...
+
+
+class OracleWarmup:
+    """The upper bound on any arrival predictor: it knows when every request comes and which blocks
+    it reads, and asks for the reusable ones not on the GPU to be loaded into it over the same links
+    (L3 at its bandwidth, L2 at its own, queued behind earlier loads) so the loads finish as the
+    request arrives. Eviction stays the engine policy's; only the timing is perfect."""
+
+    def __init__(self, requests: list[Request], config: EngineConfig, horizon_ms: int = 30_000) -> None:
+        self.requests = sorted(requests, key=lambda r: r.at_ms)
+        self.config = config
+        self.horizon_ms = horizon_ms
+        self.engine: Engine | None = None
+        self._next = 0  # first request not yet arrived
+        self._issued: set[int] = set()
+        self.bytes_warmed = 0
+
+    def apply(self, event: Event) -> list[Event]:
+        return []
+
+    def tick(self, now_ms: int) -> list[Event]:
+        e, c = self.engine, self.config
+        assert e is not None and e.policy is not None
+        while self._next < len(self.requests) and self.requests[self._next].at_ms <= now_ms:
+            self._next += 1
+        out: list[Event] = []
+        for j in range(self._next, len(self.requests)):
+            r = self.requests[j]
+            if r.at_ms - now_ms > self.horizon_ms:
+                break
+            if j in self._issued:
+                continue
+            keys: list[str] = []
+            busy = {"l2": max(0.0, e._link_free["l2"] - now_ms), "l3": max(0.0, e._link_free["l3"] - now_ms)}
+            for b in r.blocks:
+                if b in e.policy or b in e._pending:
+                    continue
+                tier = "l2" if b in e.l2 else "l3" if b in e.l3 else ""
+                if not tier:
+                    break  # the reusable prefix ends here
+                busy[tier] += c.load_ms(tier)
+                keys.append(str(b))
+            if not keys:
+                continue
+            if r.at_ms - now_ms > max(busy.values()) + c.tick_ms:
+                continue  # not yet: it would land early and could be evicted before the request
+            self._issued.add(j)
+            self.bytes_warmed += len(keys) * c.block_bytes
+            for i in range(0, len(keys), MAX_KEYS_PER_EVENT):
+                out.append(
+                    WarmupRequested(
+                        node_id=NODE,
+                        keys=keys[i : i + MAX_KEYS_PER_EVENT],
+                        tier="l1",
+                        reason=f"oracle: request at {r.at_ms} ms",
+                        start_at_ms=now_ms,
+                        occurred_at_ms=now_ms,
+                    )
+                )
+        return out
+
+    def stats(self) -> dict[str, object]:
+        return {"bytes_warmed": self.bytes_warmed}
+
+
 class Engine:
     """Serves `Request`s in time order. `policy` None is the no-cache engine (everything prefilled);
     with a `planner`, the engine tells it what it stores and reads and carries out its warmups."""
@@ -230,7 +303,7 @@ class Engine:
         self,
         config: EngineConfig,
         policy: Policy | None,
-        planner: WarmupPlanner | None = None,
+        planner: Planner | None = None,
         *,
         end_signal: bool = False,
     ) -> None:

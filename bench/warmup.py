@@ -30,7 +30,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from bench._warmup_engine import Engine, EngineConfig, EngineRun, Request, Served
+from bench._warmup_engine import Engine, EngineConfig, EngineRun, OracleWarmup, Request, Served
 from policies.base import Policy
 from services.warmup.planner import PlannerConfig, WarmupPlanner
 from services.warmup.retention import TurnAwareRetention
@@ -103,6 +103,7 @@ class Variant:
     sessions: bool = False  # mooncake only: session ids inferred from the first block
     overlap: bool = False  # layer-wise load/prefill pipelining (EngineConfig.layerwise_overlap)
     end_signal: bool = False  # ConversationEnded after a conversation's last turn
+    oracle: bool = False  # warmup by OracleWarmup (knows every arrival) instead of the planner
     warm_early: bool = False  # conversation warmups (L3 -> L2) by the earliest return seen, not the quartile
 
 
@@ -125,6 +126,16 @@ VARIANTS = [
     ),
     Variant("oracle: Belady GPU tier", "opt", False),
     Variant("oracle: Belady GPU tier + overlap", "opt", False, overlap=True),
+    Variant("oracle: arrivals known, lru", "lru", True, oracle=True),
+    Variant("oracle: arrivals known, turn-aware + end", "turn-aware", True, end_signal=True, oracle=True),
+    Variant(
+        "oracle: arrivals known, turn-aware + end + overlap",
+        "turn-aware",
+        True,
+        end_signal=True,
+        oracle=True,
+        overlap=True,
+    ),
 ]
 FLOOR = "bound: every seen block on the GPU"
 INFERRED = Variant(
@@ -234,8 +245,14 @@ def replay(
         policy = make_policy("opt", config.gpu_blocks, future=future)
     else:
         policy = make_policy(variant.policy, config.gpu_blocks, seed=seed) if variant.policy else None
-    planner = WarmupPlanner(pc) if variant.warmup else None
+    planner: WarmupPlanner | OracleWarmup | None = None
+    if variant.oracle:
+        planner = OracleWarmup(requests, config)
+    elif variant.warmup:
+        planner = WarmupPlanner(pc)
     engine = Engine(config, policy, planner, end_signal=variant.end_signal)
+    if isinstance(planner, OracleWarmup):
+        planner.engine = engine
     for r in requests:
         engine.serve(r)
         step()
