@@ -33,7 +33,7 @@ from rich.table import Table
 from bench._warmup_engine import Engine, EngineConfig, EngineRun, OracleWarmup, Request, Served
 from policies.base import Policy
 from services.warmup.planner import PlannerConfig, WarmupPlanner
-from services.warmup.retention import TurnAwareRetention
+from services.warmup.retention import LruGuarded, TurnAwareRetention
 
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = Path("/work/shared/data/traces/mooncake_synthetic.jsonl")
@@ -98,7 +98,8 @@ def mooncake(path: Path, limit: int | None, sessions: bool) -> list[Request]:
 @dataclass(frozen=True, slots=True)
 class Variant:
     name: str
-    policy: str | None  # None: no cache; "turn-aware": services/warmup/retention.py; "opt": Belady
+    # None: no cache; "turn-aware" (+guard): services/warmup/retention.py; "opt": Belady
+    policy: str | None
     warmup: bool
     sessions: bool = False  # mooncake only: session ids inferred from the first block
     overlap: bool = False  # layer-wise load/prefill pipelining (EngineConfig.layerwise_overlap)
@@ -115,6 +116,7 @@ VARIANTS = [
     Variant("(a) turn-aware GPU tier", "turn-aware", False),
     Variant("(a) turn-aware + end signal", "turn-aware", False, end_signal=True),
     Variant("(b) turn-aware + end + warmup", "turn-aware", True, end_signal=True),
+    Variant("(a) turn-aware + LRU guard + end", "turn-aware+guard", False, end_signal=True),
     Variant("(b) turn-aware + end + early warmup", "turn-aware", True, end_signal=True, warm_early=True),
     Variant("(b) heat + early warmup", "heat", True, warm_early=True),
     Variant("(c) lru + layerwise overlap", "lru", False, overlap=True),
@@ -122,7 +124,11 @@ VARIANTS = [
     Variant("(c) heat + warmup + overlap", "heat", True, overlap=True),
     Variant("heat + warmup (cachemesh before)", "heat", True),
     Variant(
-        "cachemesh (turn-aware + end + warmup + overlap)", "turn-aware", True, overlap=True, end_signal=True
+        "cachemesh (turn-aware + LRU guard + end + warmup + overlap)",
+        "turn-aware+guard",
+        True,
+        overlap=True,
+        end_signal=True,
     ),
     Variant("oracle: Belady GPU tier", "opt", False),
     Variant("oracle: Belady GPU tier + overlap", "opt", False, overlap=True),
@@ -139,7 +145,12 @@ VARIANTS = [
 ]
 FLOOR = "bound: every seen block on the GPU"
 INFERRED = Variant(
-    "cachemesh, sessions = first block", "turn-aware", True, sessions=True, overlap=True, end_signal=True
+    "cachemesh, sessions = first block",
+    "turn-aware+guard",
+    True,
+    sessions=True,
+    overlap=True,
+    end_signal=True,
 )
 
 
@@ -239,6 +250,8 @@ def replay(
     policy: Policy | None
     if variant.policy == "turn-aware":
         policy = TurnAwareRetention(config.gpu_blocks, turn_idle_ms=pc.turn_idle_ms)
+    elif variant.policy == "turn-aware+guard":
+        policy = LruGuarded(config.gpu_blocks, turn_idle_ms=pc.turn_idle_ms)
     elif variant.policy == "opt":  # reads the future: one on_hit / on_miss per block, in order
         assert not variant.warmup, "Belady cannot take warmup admissions it has not seen coming"
         future = [b for r in requests for b in r.blocks]

@@ -197,3 +197,74 @@ class TurnAwareRetention(Policy):
                 return next(reversed(self._convs[farthest].blocks))
         assert loose is not None, "capacity reached with nothing resident"
         return loose
+
+
+class LruGuarded(Policy):
+    """`TurnAwareRetention` that never does worse than LRU for long: shadows of both (key sets only,
+    each run alone on the same accesses) count the hits each would have had, and while the LRU shadow
+    leads, the resident set evicts by recency instead (set dueling: Qureshi et al., "Adaptive
+    insertion policies for high performance caching", ISCA 2007). `window` accesses is the decay
+    horizon of the lead; it costs a second turn-aware ranking and an LRU list of key ids."""
+
+    name = "turn-aware+lru-guard"
+
+    def __init__(self, capacity: int, window: int = 4_096, turn_idle_ms: int = 1_000) -> None:
+        super().__init__(capacity)
+        self.main = TurnAwareRetention(capacity, turn_idle_ms=turn_idle_ms)
+        self._shadow_turn = TurnAwareRetention(capacity, turn_idle_ms=turn_idle_ms)
+        self._shadow_lru: OrderedDict[Hashable, None] = OrderedDict()
+        self._recency: OrderedDict[Hashable, None] = OrderedDict()  # residents, least recent first
+        self._decay = 1.0 - 1.0 / window
+        self.lead = 0.0  # decayed hits of the turn-aware shadow minus the LRU shadow's
+        self.by_recency = False
+        self.switches = 0
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.main
+
+    def __len__(self) -> int:
+        return len(self.main)
+
+    def _shadow(self, key: Hashable, now_ms: int, meta: AccessMeta | None) -> None:
+        turn_hit = key in self._shadow_turn
+        if turn_hit:
+            self._shadow_turn.on_hit(key, now_ms, meta)
+        else:
+            self._shadow_turn.on_miss(key, now_ms, 1, meta)
+        lru_hit = key in self._shadow_lru
+        self._shadow_lru[key] = None
+        self._shadow_lru.move_to_end(key)
+        if len(self._shadow_lru) > self.capacity:
+            self._shadow_lru.popitem(last=False)
+        self.lead = self._decay * self.lead + turn_hit - lru_hit
+        if (self.lead < 0) != self.by_recency:
+            self.by_recency = not self.by_recency
+            self.switches += 1
+
+    def on_hit(self, key: Hashable, now_ms: int, meta: AccessMeta | None = None) -> None:
+        self._shadow(key, now_ms, meta)
+        self.main.on_hit(key, now_ms, meta)
+        self._recency.move_to_end(key)
+
+    def on_miss(
+        self, key: Hashable, now_ms: int, size: int = 1, meta: AccessMeta | None = None
+    ) -> list[Eviction]:
+        self._shadow(key, now_ms, meta)
+        evicted: list[Eviction] = []
+        while self.by_recency and len(self.main) >= self.capacity:
+            victim, _ = self._recency.popitem(last=False)
+            self.main.on_remove(victim)
+            evicted.append(Eviction(victim))
+        evicted += self.main.on_miss(key, now_ms, size, meta)
+        for e in evicted:
+            self._recency.pop(e.key, None)
+        self._recency[key] = None
+        return evicted
+
+    def on_remove(self, key: Hashable) -> None:
+        self.main.on_remove(key)
+        self._recency.pop(key, None)
+
+    def ended(self, trace_id: str) -> list[Eviction]:
+        self._shadow_turn.ended(trace_id)
+        return self.main.ended(trace_id)

@@ -7,7 +7,7 @@ import random
 
 from policies.base import AccessMeta
 from policies.recency.lru import LRU
-from services.warmup.retention import TurnAwareRetention
+from services.warmup.retention import LruGuarded, TurnAwareRetention
 
 
 def turn(p: TurnAwareRetention, trace: str, blocks: list[str], at: int) -> list[str]:
@@ -89,3 +89,37 @@ def test_a_turn_after_the_end_signal_brings_the_conversation_back() -> None:
     turn(p, "a", ["a0", "a1"], 5_000)
     turn(p, "b", ["b0"], 5_010)
     assert p.next_use_in_ms("a", 5_010) < float("inf")
+
+
+def test_the_guard_is_lru_on_blocks_of_no_conversation() -> None:
+    # Blocks of no conversation: both shadows are LRU, and so is the guarded resident set.
+    rng = random.Random(1)
+    g, lru = LruGuarded(16, window=64), LRU(16)
+    for t in range(2_000):
+        key = rng.randrange(40)
+        for policy in (g, lru):
+            if key in policy:
+                policy.on_hit(key, t)
+            else:
+                policy.on_miss(key, t)
+        assert {k for k in range(40) if k in g} == {k for k in range(40) if k in lru}
+
+
+def test_the_guard_switches_to_recency_when_the_turn_aware_shadow_falls_behind() -> None:
+    # Every pause so far took 20 s; now conversations come back after 1.2 s. Ranked by the learned
+    # pauses, the one just served looks farthest and leaves first; LRU would keep it.
+    guarded, alone = LruGuarded(4, window=16), TurnAwareRetention(4)
+    at = learn_gaps(guarded, 20_000, n=20)
+    learn_gaps(alone, 20_000, n=20)
+    misses = {"guarded": 0, "alone": 0}
+    for i in range(30):
+        blocks = [f"n{i}a", f"n{i}b"]
+        for p in (guarded, alone):
+            turn(p, f"n{i}", blocks, at)
+        at += 600
+        for name, p in (("guarded", guarded), ("alone", alone)):
+            misses[name] += sum(b not in p for b in blocks)
+            turn(p, f"n{i}", blocks, at)
+        at += 600
+    assert guarded.by_recency and guarded.switches >= 1
+    assert misses["guarded"] <= 2 < 20 <= misses["alone"]
