@@ -1,7 +1,9 @@
 """Warmup benchmark: first-token latency (FTL) of a modelled serving engine (bench/_warmup_engine.py)
-with no cache, an LRU prefix cache without warmup, and cachemesh (the heat policy on the GPU tier plus
-warmup from the real `WarmupPlanner`), on two workloads; then the A/B table warmup off/on x lru/heat
-with cold-start latency, hit rate, L2 fragmentation and health (seed §4.2). Writes
+with no cache, an LRU prefix cache without warmup, the approaches tried (heat, turn-aware retention
+with its LRU guard and the end signal, early warmup, layer-wise load/prefill overlap) and cachemesh as
+shipped, against bounds: Belady on the GPU tier, an oracle that knows every arrival, and the floor no
+cache passes (each request prefills its never-seen tokens); then the A/B table warmup off/on x
+lru/heat with cold-start latency, hit rate, L2 fragmentation and health (seed §4.2). Writes
 bench/results/warmup.{csv,png}.
 
 Workloads:
@@ -12,7 +14,7 @@ Workloads:
   hash_ids). It carries no conversation ids, so the planner gets none (`trace_id` None); one extra
   row, labelled as such, infers a session from each request's first block.
 
-    .venv/bin/python -m bench.warmup [--mooncake-limit N] [--conversations 48] [--seed 0]
+    .venv/bin/python -m bench.warmup [--mooncake-limit N] [--conversations 48] [--seed 0] [--only NAME]
 """
 
 from __future__ import annotations
@@ -410,6 +412,16 @@ def report(console: Console, rows: list[Row]) -> None:
                 f"ceiling: no cache or predictor goes below {bound.ftl_mean_ms:,.0f} ms here "
                 f"({100 * (bound.ftl_mean_ms / base.ftl_mean_ms - 1):+.0f}% vs {BASELINE}): each request "
                 "still prefills the tokens never seen before"
+            )
+        cold = next((r for r in mine if r.variant == "no cache"), None)
+        if cm is not None and cold is not None:
+            # Seed §4.3's 1,242 ms baseline reuses no KV (39 of its 63 points are KV reuse; 21 come from
+            # attending to the last 2,048 tokens only, which changes the output and is no cache's doing).
+            change = cm.ftl_mean_ms / cold.ftl_mean_ms - 1
+            verdict = "[green]met[/]" if change <= TARGET else "[red]NOT met[/]"
+            console.print(
+                f"{verdict} against the seed's own baseline (no KV reuse): cachemesh {100 * change:+.0f}% vs "
+                f"no cache ({cold.ftl_mean_ms:,.0f} -> {cm.ftl_mean_ms:,.0f} ms)"
             )
         ab = Table(title=f"{workload}: A/B warmup off/on x lru/heat (seed §4.2)")
         for h in ["variant", "cold start ms", "GPU hit", "L2 fragmentation", "health",
