@@ -107,6 +107,7 @@ class Variant:
     overlap: bool = False  # layer-wise load/prefill pipelining (EngineConfig.layerwise_overlap)
     end_signal: bool = False  # ConversationEnded after a conversation's last turn
     oracle: bool = False  # warmup by OracleWarmup (knows every arrival) instead of the planner
+    warm_to_gpu: bool = False  # conversation warmups into the GPU tier (l1) instead of L2
     warm_early: bool = False  # conversation warmups (L3 -> L2) by the earliest return seen, not the quartile
 
 
@@ -121,6 +122,7 @@ VARIANTS = [
     Variant("(a) turn-aware + LRU guard + end", "turn-aware+guard", False, end_signal=True),
     Variant("(b) turn-aware + end + early warmup", "turn-aware", True, end_signal=True, warm_early=True),
     Variant("(b) heat + early warmup", "heat", True, warm_early=True),
+    Variant("(b) guard + end + warmup to GPU", "turn-aware+guard", True, end_signal=True, warm_to_gpu=True),
     Variant("(c) lru + layerwise overlap", "lru", False, overlap=True),
     Variant("(c) turn-aware + end + overlap", "turn-aware", False, overlap=True, end_signal=True),
     Variant("(c) heat + warmup + overlap", "heat", True, overlap=True),
@@ -249,6 +251,8 @@ def replay(
 
     config = replace(config, layerwise_overlap=variant.overlap)
     pc = planner_config(config, variant.warm_early)
+    if variant.warm_to_gpu:
+        pc = replace(pc, conversation_tier="l1")
     policy: Policy | None
     if variant.policy == "turn-aware":
         policy = TurnAwareRetention(config.gpu_blocks, turn_idle_ms=pc.turn_idle_ms)

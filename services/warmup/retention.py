@@ -64,6 +64,8 @@ class TurnAwareRetention(Policy):
         self._order: tuple[int, list[str]] | None = None  # (now_ms, conversations farthest first)
         self._went_on: Counter[int] = Counter()  # turn k -> conversations that had a turn k + 1
         self._ends: Counter[int] = Counter()  # turn k -> conversations that ended after turn k
+        self._known: OrderedDict[Hashable, str] = OrderedDict()  # block -> its last conversation
+        self.max_known = 64 * capacity
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._owner
@@ -108,6 +110,14 @@ class TurnAwareRetention(Policy):
 
     def _touch(self, key: Hashable, now_ms: int, meta: AccessMeta | None, *, admit: bool) -> None:
         trace_id = meta.trace_id if meta is not None else None
+        said = trace_id is not None
+        if trace_id is None:  # a warmup load names no conversation: the block's last one, if known
+            trace_id = self._known.get(key)
+            if trace_id is not None and trace_id not in self._convs:
+                trace_id = None
+        previous = self._owner.get(key)
+        if previous is not None and previous != trace_id:
+            self._convs[previous].blocks.pop(key, None)
         if trace_id is None:
             self._owner[key] = None
             self._loose[key] = now_ms
@@ -117,7 +127,7 @@ class TurnAwareRetention(Policy):
         if conv is None:
             conv = self._convs[trace_id] = _Conversation(now_ms)
             self._order = None
-        elif now_ms - conv.last_ms >= self.turn_idle_ms:
+        elif said and now_ms - conv.last_ms >= self.turn_idle_ms:
             gap = float(now_ms - conv.last_ms)
             self._gaps.append(gap)
             self._sorted = None
@@ -129,12 +139,14 @@ class TurnAwareRetention(Policy):
             conv.ended = False
             self._went_on[conv.turns] += 1
             conv.turns += 1
-        if now_ms > conv.last_ms:  # the order is kept within one instant (one request's blocks)
+        if said and now_ms > conv.last_ms:  # the order is kept within one instant (one request)
             conv.last_ms = now_ms
             self._order = None
-        previous = self._owner.get(key)
-        if previous is not None and previous != trace_id:
-            self._convs[previous].blocks.pop(key, None)
+        if said:
+            self._known.pop(key, None)
+            self._known[key] = trace_id
+            if len(self._known) > self.max_known:
+                self._known.popitem(last=False)
         self._loose.pop(key, None)
         self._owner[key] = trace_id
         if admit or key not in conv.blocks:

@@ -123,3 +123,16 @@ def test_the_guard_switches_to_recency_when_the_turn_aware_shadow_falls_behind()
         at += 600
     assert guarded.by_recency and guarded.switches >= 1
     assert misses["guarded"] <= 2 < 20 <= misses["alone"]
+
+
+def test_a_warmup_load_without_a_conversation_keeps_the_blocks_owner() -> None:
+    p = TurnAwareRetention(3)
+    turn(p, "a", ["a0", "a1"], 0)
+    p.on_remove("a1")  # evicted, then brought back by a warmup that names no conversation
+    p.on_miss("a1", 500)
+    p.ended("a")
+    turn(p, "b", ["b0"], 600)
+    assert [str(e.key) for e in p.on_miss("b1", 600, 1, AccessMeta(trace_id="b"))] == ["a1"]
+    assert p.next_use_in_ms("a", 600) == float("inf")  # the load did not count as a turn of a
+    p.on_hit("b0", 700)  # a read naming no conversation leaves b0 with b
+    assert [str(e.key) for e in p.on_miss("c0", 800)] == ["a0"]
