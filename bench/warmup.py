@@ -111,33 +111,44 @@ class Variant:
     warm_early: bool = False  # conversation warmups (L3 -> L2) by the earliest return seen, not the quartile
 
 
+# The approaches tried (a: GPU-tier retention, b: warmup timing and target, c: load/prefill overlap),
+# cachemesh as shipped (the best of them together), and the bounds.
+FINAL = Variant(
+    "cachemesh (guard + end + early warmup + overlap)",
+    "turn-aware+guard",
+    True,
+    overlap=True,
+    end_signal=True,
+    warm_early=True,
+)
 VARIANTS = [
     Variant("no cache", None, False),
     Variant("lru", "lru", False),
     Variant("lru + warmup", "lru", True),
     Variant("heat", "heat", False),
+    Variant("heat + warmup (cachemesh before)", "heat", True),
     Variant("(a) turn-aware GPU tier", "turn-aware", False),
     Variant("(a) turn-aware + end signal", "turn-aware", False, end_signal=True),
-    Variant("(b) turn-aware + end + warmup", "turn-aware", True, end_signal=True),
     Variant("(a) turn-aware + LRU guard + end", "turn-aware+guard", False, end_signal=True),
-    Variant("(b) turn-aware + end + early warmup", "turn-aware", True, end_signal=True, warm_early=True),
     Variant("(b) heat + early warmup", "heat", True, warm_early=True),
+    Variant("(b) guard + end + warmup", "turn-aware+guard", True, end_signal=True),
+    Variant("(b) guard + end + early warmup", "turn-aware+guard", True, end_signal=True, warm_early=True),
     Variant("(b) guard + end + warmup to GPU", "turn-aware+guard", True, end_signal=True, warm_to_gpu=True),
     Variant("(c) lru + layerwise overlap", "lru", False, overlap=True),
-    Variant("(c) turn-aware + end + overlap", "turn-aware", False, overlap=True, end_signal=True),
     Variant("(c) heat + warmup + overlap", "heat", True, overlap=True),
-    Variant("heat + warmup (cachemesh before)", "heat", True),
+    Variant("(c) guard + end + overlap", "turn-aware+guard", False, overlap=True, end_signal=True),
     Variant(
-        "cachemesh (turn-aware + LRU guard + end + warmup + overlap)",
+        "(b+c) guard + end + GPU warmup + overlap",
         "turn-aware+guard",
         True,
         overlap=True,
         end_signal=True,
+        warm_to_gpu=True,
     ),
+    FINAL,
     Variant("oracle: Belady GPU tier", "opt", False),
     Variant("oracle: Belady GPU tier + overlap", "opt", False, overlap=True),
     Variant("oracle: arrivals known, lru", "lru", True, oracle=True),
-    Variant("oracle: arrivals known, turn-aware + end", "turn-aware", True, end_signal=True, oracle=True),
     Variant(
         "oracle: arrivals known, turn-aware + end + overlap",
         "turn-aware",
@@ -148,14 +159,7 @@ VARIANTS = [
     ),
 ]
 FLOOR = "bound: every seen block on the GPU"
-INFERRED = Variant(
-    "cachemesh, sessions = first block",
-    "turn-aware+guard",
-    True,
-    sessions=True,
-    overlap=True,
-    end_signal=True,
-)
+INFERRED = replace(FINAL, name="cachemesh, sessions = first block", sessions=True)
 
 
 def planner_config(c: EngineConfig, early: bool = False) -> PlannerConfig:
