@@ -62,9 +62,12 @@ class EngineConfig:
     - Base 15 ms: scheduling plus the first decode step (NVIDIA NIM's Llama-3.1-8B-Instruct benchmark:
       TTFT 10.3 ms, ITL 4.6 ms at concurrency 1 with a short prompt).
     - `layerwise_overlap`: the prefix KV found in L2/L3 streams in layer by layer while the suffix's
-      prefill runs (LMCache's layerwise mode, Mooncake's layer-wise prefill): layer l's load overlaps
-      layer l-1's compute, so a request takes max(load, prefill) + min(load, prefill) / layers instead
-      of their sum. Off by default: vLLM's own prefix cache does not pipeline loads from host memory.
+      prefill runs: vLLM's KV connector API starts the load before the forward pass and each attention
+      layer waits only for its own layer (`start_load_kv` / `wait_for_layer_load`, as LMCache's
+      connector implements them; vllm-ascend's "Layerwise KV Pool" guide: layer i+1's transfer
+      overlaps layer i's compute). So a request takes max(load, prefill) + min(load, prefill) / layers
+      instead of their sum, at the same bandwidths. Off by default: vLLM's own prefix cache keeps KV
+      on the GPU only and a bulk load from host memory blocks the forward pass.
     """
 
     shape: KvShape = field(default_factory=lambda: KvShape(layers=32, kv_heads=8, head_dim=128))
