@@ -129,6 +129,7 @@ VARIANTS = [
     Variant("heat + warmup (cachemesh before)", "heat", True),
     Variant("(a) turn-aware GPU tier", "turn-aware", False),
     Variant("(a) turn-aware + end signal", "turn-aware", False, end_signal=True),
+    Variant("(a) turn-aware + LRU guard", "turn-aware+guard", False),
     Variant("(a) turn-aware + LRU guard + end", "turn-aware+guard", False, end_signal=True),
     Variant("(b) heat + early warmup", "heat", True, warm_early=True),
     Variant("(b) guard + end + warmup", "turn-aware+guard", True, end_signal=True),
