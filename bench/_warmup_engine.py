@@ -17,12 +17,15 @@ import math
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from policies.base import AccessMeta, Policy
 from schemas.events import (
+    MAX_KEYS_PER_EVENT,
     CacheAccessed,
+    ConversationEnded,
     Event,
     KvBlockRemoved,
     KvBlockStored,
@@ -34,7 +37,7 @@ from schemas.events import (
 )
 from services.tiers.l2.block_pool import MAX_BLOCK_BYTES, PAGE_BYTES, BlockPool
 from services.warmup.ftl import KvShape
-from services.warmup.planner import ALL_NODES, WarmupPlanner
+from services.warmup.planner import ALL_NODES
 from streams.entropy import shannon_entropy_bits
 
 NODE = "gpu0"
@@ -58,6 +61,13 @@ class EngineConfig:
       quadratic attention term is folded into the average).
     - Base 15 ms: scheduling plus the first decode step (NVIDIA NIM's Llama-3.1-8B-Instruct benchmark:
       TTFT 10.3 ms, ITL 4.6 ms at concurrency 1 with a short prompt).
+    - `layerwise_overlap`: the prefix KV found in L2/L3 streams in layer by layer while the suffix's
+      prefill runs: vLLM's KV connector API starts the load before the forward pass and each attention
+      layer waits only for its own layer (`start_load_kv` / `wait_for_layer_load`, as LMCache's
+      connector implements them; vllm-ascend's "Layerwise KV Pool" guide: layer i+1's transfer
+      overlaps layer i's compute). So a request takes max(load, prefill) + min(load, prefill) / layers
+      instead of their sum, at the same bandwidths. Off by default: vLLM's own prefix cache keeps KV
+      on the GPU only and a bulk load from host memory blocks the forward pass.
     """
 
     shape: KvShape = field(default_factory=lambda: KvShape(layers=32, kv_heads=8, head_dim=128))
@@ -71,6 +81,7 @@ class EngineConfig:
     base_ms: float = 15.0
     tick_ms: int = 100  # the warmup service's tick_interval_ms
     window_ms: int = 1_000  # the streams' tumbling_1s window
+    layerwise_overlap: bool = False
 
     @property
     def block_bytes(self) -> int:
@@ -88,6 +99,7 @@ class Request:
     input_tokens: int
     trace_id: str | None = None
     turn: int = 0  # 0 for the first request of a conversation (or when there are none)
+    last: bool = False  # the conversation's last turn (the client closes its session after it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,16 +227,93 @@ class EngineRun:
     holds: Counter[str] = field(default_factory=Counter)  # why the planner held, by cause
 
 
+class Planner(Protocol):
+    """What the engine asks of a warmup planner: the real `WarmupPlanner`, or the oracle."""
+
+    def apply(self, event: Event) -> list[Event]: ...
+    def tick(self, now_ms: int) -> list[Event]: ...
+    def stats(self) -> dict[str, object]: ...
+
+
+class OracleWarmup:
+    """The upper bound on any arrival predictor: it knows when every request comes and which blocks
+    it reads, and asks for the reusable ones not on the GPU to be loaded into it over the same links
+    (L3 at its bandwidth, L2 at its own, queued behind earlier loads) so the loads finish as the
+    request arrives. Eviction stays the engine policy's; only the timing is perfect."""
+
+    def __init__(self, requests: list[Request], config: EngineConfig, horizon_ms: int = 30_000) -> None:
+        self.requests = sorted(requests, key=lambda r: r.at_ms)
+        self.config = config
+        self.horizon_ms = horizon_ms
+        self.engine: Engine | None = None
+        self._next = 0  # first request not yet arrived
+        self._issued: set[int] = set()
+        self.bytes_warmed = 0
+
+    def apply(self, event: Event) -> list[Event]:
+        return []
+
+    def tick(self, now_ms: int) -> list[Event]:
+        e, c = self.engine, self.config
+        assert e is not None and e.policy is not None
+        while self._next < len(self.requests) and self.requests[self._next].at_ms <= now_ms:
+            self._next += 1
+        out: list[Event] = []
+        for j in range(self._next, len(self.requests)):
+            r = self.requests[j]
+            if r.at_ms - now_ms > self.horizon_ms:
+                break
+            if j in self._issued:
+                continue
+            keys: list[str] = []
+            busy = {"l2": max(0.0, e._link_free["l2"] - now_ms), "l3": max(0.0, e._link_free["l3"] - now_ms)}
+            for b in r.blocks:
+                if b in e.policy or b in e._pending:
+                    continue
+                tier = "l2" if b in e.l2 else "l3" if b in e.l3 else ""
+                if not tier:
+                    break  # the reusable prefix ends here
+                busy[tier] += c.load_ms(tier)
+                keys.append(str(b))
+            if not keys:
+                continue
+            if r.at_ms - now_ms > max(busy.values()) + c.tick_ms:
+                continue  # not yet: it would land early and could be evicted before the request
+            self._issued.add(j)
+            self.bytes_warmed += len(keys) * c.block_bytes
+            for i in range(0, len(keys), MAX_KEYS_PER_EVENT):
+                out.append(
+                    WarmupRequested(
+                        node_id=NODE,
+                        keys=keys[i : i + MAX_KEYS_PER_EVENT],
+                        tier="l1",
+                        reason=f"oracle: request at {r.at_ms} ms",
+                        start_at_ms=now_ms,
+                        occurred_at_ms=now_ms,
+                    )
+                )
+        return out
+
+    def stats(self) -> dict[str, object]:
+        return {"bytes_warmed": self.bytes_warmed}
+
+
 class Engine:
     """Serves `Request`s in time order. `policy` None is the no-cache engine (everything prefilled);
     with a `planner`, the engine tells it what it stores and reads and carries out its warmups."""
 
     def __init__(
-        self, config: EngineConfig, policy: Policy | None, planner: WarmupPlanner | None = None
+        self,
+        config: EngineConfig,
+        policy: Policy | None,
+        planner: Planner | None = None,
+        *,
+        end_signal: bool = False,
     ) -> None:
         self.config = c = config
         self.policy = policy
         self.planner = planner
+        self.end_signal = end_signal  # after a last turn, publish ConversationEnded (context lifecycle)
         pages = max(1, math.ceil(c.l2_blocks * MAX_BLOCK_BYTES / PAGE_BYTES))
         self._clock_ms = 0
         self.l2 = LruTier(c.l2_blocks, BlockPool(pages, xp=np, clock=lambda: self._clock_ms))
@@ -304,7 +393,11 @@ class Engine:
         loads_ms = sum(c.load_ms(t) for t in where if t != "gpu")
         prefill_tokens = max(0, r.input_tokens - reused * c.block_tokens)
         prefill_ms = prefill_tokens * c.prefill_ms_per_token
-        ftl = c.base_ms + loads_ms + prefill_ms
+        if c.layerwise_overlap:
+            layers = c.shape.layers
+            ftl = c.base_ms + max(loads_ms, prefill_ms) + min(loads_ms, prefill_ms) / layers
+        else:
+            ftl = c.base_ms + loads_ms + prefill_ms
         computed_ms = prefill_ms / max(1, len(r.blocks) - reused)
         events: list[Event] = []
         for i, b in enumerate(r.blocks):
@@ -349,12 +442,20 @@ class Engine:
                     )
                 )
             self._tell(events)
+        if self.end_signal and r.last and r.trace_id is not None:
+            self._ended(r.trace_id, now)
         self.run.fragmentation.append(self.l2.fragmentation())
         hits = where.count("gpu")
         served = Served(now, ftl, len(r.blocks), hits, where.count("l2"), where.count("l3"),
                         prefill_tokens, r.turn)  # fmt: skip
         self.run.served.append(served)
         return served
+
+    def _ended(self, trace_id: str, now: int) -> None:
+        ended = getattr(self.policy, "ended", None)
+        if callable(ended):  # a policy that reads the lifecycle ranks the blocks last; they stay resident
+            ended(trace_id)
+        self._tell([ConversationEnded(trace_id=trace_id, occurred_at_ms=now)])
 
     def _accessed(self, r: Request, b: int, hit: bool, latency: float, now: int) -> CacheAccessed:
         return CacheAccessed(

@@ -60,6 +60,9 @@ class PlannerConfig:
     prefix_depth: int = 4
     turn_idle_ms: int = 1_000
     turn_lead_fraction: float = 0.75
+    # Which quantile of all gaps (over their median) sets how early into a pause a warmup goes: 0 is
+    # the earliest any turn has come back (for warming into a large L2: land before every return).
+    turn_lead_quantile: float = 0.25
     max_conversation_blocks: int = 1_024
     rewarm_after_ms: int = 5_000
     rising_heat: float = 0.2
@@ -114,6 +117,7 @@ class WarmupPlanner:
             c.max_conversation_blocks,
             c.max_tracked,
             lead_fraction=c.turn_lead_fraction,
+            prior_quantile=c.turn_lead_quantile,
             # Warming into L1 answers any drop; into L2, only a drop out of host memory or further.
             media=frozenset({"gpu", "cpu", "disk"} if c.conversation_tier == "l1" else {"cpu", "disk"}),
         )

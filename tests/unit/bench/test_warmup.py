@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import pytest
 
-from bench._warmup_engine import Engine, EngineConfig, Request, hold_cause
-from bench.warmup import LongContext, health, long_context, planner_config
+from bench._warmup_engine import Engine, EngineConfig, OracleWarmup, Request, hold_cause
+from bench.warmup import LongContext, floor, health, long_context, planner_config
 from policies import make_policy
 from services.warmup.ftl import KvShape
 from services.warmup.planner import WarmupPlanner
+from services.warmup.retention import TurnAwareRetention
 
 # 2 KiB blocks (512 tokens x 4 B); L2 loads a block in 10 ms, L3 in 100 ms; prefill 51.2 ms a block.
 SHAPE = KvShape(layers=1, kv_heads=1, head_dim=1)
@@ -102,6 +103,43 @@ def test_a_warmup_for_l2_brings_blocks_up_from_l3_and_leaves_the_gpu_alone() -> 
     assert (last.ftl_ms, last.l2_loads, last.l3_loads) == (pytest.approx(15 + 2 * 10 + 51.2), 2, 0)
 
 
+def test_layerwise_overlap_hides_the_load_behind_the_prefill() -> None:
+    # 4 layers, same 10 ms / 100 ms per block: load and prefill overlap but for one layer's share.
+    shape = KvShape(layers=4, kv_heads=1, head_dim=1)  # 16 B/token, 8 KiB a block
+    config = replace(toy(2, 1), shape=shape, l2_gb_per_s=8192 / 10 / 1e6, l3_gb_per_s=8192 / 100 / 1e6)
+    engine = Engine(replace(config, layerwise_overlap=True), make_policy("lru", 2))
+    served = [engine.serve(r) for r in THREE]
+    assert served[-1].ftl_ms == pytest.approx(15 + max(10, 51.2) + min(10, 51.2) / 4)
+
+
+def test_the_floor_prefills_only_never_seen_tokens() -> None:
+    assert [s.ftl_ms for s in floor(toy(2, 1), THREE).served] == pytest.approx([117.4, 66.2, 66.2])
+
+
+def test_the_oracle_lands_a_conversation_on_the_gpu_as_its_turn_arrives() -> None:
+    config = toy(gpu_blocks=4, l2_blocks=4)
+    trace = conversation_trace()
+    oracle = OracleWarmup(trace, config)
+    engine = Engine(config, make_policy("lru", 4), oracle)
+    oracle.engine = engine
+    last = [engine.serve(r) for r in trace][-1]
+    assert (last.ftl_ms, last.gpu_hits) == (pytest.approx(15 + 51.2), 2)
+    assert oracle.bytes_warmed == 2 * config.block_bytes
+
+
+def test_an_end_signal_reaches_the_turn_aware_gpu_tier() -> None:
+    config = toy(gpu_blocks=4, l2_blocks=4)
+    trace = [
+        Request(0, (1, 2), 1024, "a", last=True),  # a ends: its blocks go first
+        Request(10, (3, 4), 1024, "b"),
+        Request(20, (5, 6), 1024, "c"),
+    ]
+    engine = Engine(config, TurnAwareRetention(4), end_signal=True)
+    for r in trace:
+        engine.serve(r)
+    assert [b in engine.policy for b in range(1, 7)] == [False, False, True, True, True, True]
+
+
 def test_long_context_grows_to_32k_in_8_turns() -> None:
     requests = long_context(LongContext(conversations=3, seed=1))
     assert len(requests) == 24
@@ -110,6 +148,7 @@ def test_long_context_grows_to_32k_in_8_turns() -> None:
     assert [len(r.blocks) for r in first] == [8, 16, 24, 32, 40, 48, 56, 64]
     assert first[-1].input_tokens == 32 * 1024
     assert first[3].blocks[:24] == first[2].blocks  # each turn extends the previous context
+    assert [r.last for r in first] == [False] * 7 + [True]  # the 8th turn ends the conversation
     gaps = [b.at_ms - a.at_ms for a, b in itertools.pairwise(first)]
     assert min(gaps) >= 256 * 6 + 3_000
 
