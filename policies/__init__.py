@@ -1,7 +1,7 @@
 """Replacement policies behind one interface (`base.Policy`), grouped by family — `recency` (LRU,
-LRU-K), `frequency` (LFU), `adaptive` (ARC, LIRS, W-TinyLFU), `learned` (heat), `offline` (Belady) —
-with admission (`admission`: TinyLFU over a count-min sketch) apart, and a registry (`registry`) that
-builds one by name. Nothing here does I/O or imports a service."""
+LRU-K), `frequency` (LFU), `adaptive` (ARC, LIRS, W-TinyLFU), `fifo` (S3-FIFO, SIEVE), `learned`
+(heat), `offline` (Belady) — with admission (`admission`: TinyLFU over a count-min sketch) apart,
+and a registry (`registry`) that builds one by name. Nothing here does I/O or imports a service."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from policies.adaptive.arc import ARC
 from policies.adaptive.lirs import LIRS
 from policies.adaptive.wtinylfu import WTinyLFU
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
+from policies.fifo.s3fifo import S3FIFO
+from policies.fifo.sieve import SIEVE
 from policies.frequency.lfu import LFU
 from policies.offline.opt import Belady
 from policies.recency.lru import LRU
@@ -26,6 +28,8 @@ __all__ = [
     "LRUK",
     "OFFLINE",
     "REGISTRY",
+    "S3FIFO",
+    "SIEVE",
     "AccessMeta",
     "Belady",
     "Eviction",

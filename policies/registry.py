@@ -11,7 +11,7 @@ import numpy as np
 
 from policies.base import Policy
 
-Family = Literal["recency", "frequency", "adaptive", "learned", "offline"]
+Family = Literal["recency", "frequency", "adaptive", "fifo", "learned", "offline"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +66,18 @@ def _lirs() -> type[Policy]:
     return LIRS
 
 
+def _s3fifo() -> type[Policy]:
+    from policies.fifo.s3fifo import S3FIFO
+
+    return S3FIFO
+
+
+def _sieve() -> type[Policy]:
+    from policies.fifo.sieve import SIEVE
+
+    return SIEVE
+
+
 def _heat() -> type[Policy]:
     from policies.learned.heat import HeatPolicy
 
@@ -113,12 +125,14 @@ REGISTRY: dict[str, PolicySpec] = {
         PolicySpec("arc", "adaptive", _arc, _plain),
         PolicySpec("wtinylfu", "adaptive", _wtinylfu, _seeded),
         PolicySpec("lirs", "adaptive", _lirs, _plain),
+        PolicySpec("s3fifo", "fifo", _s3fifo, _plain),
+        PolicySpec("sieve", "fifo", _sieve, _plain),
         PolicySpec("heat", "learned", _heat, _build_heat),
         PolicySpec("opt", "offline", _opt, _build_opt),
     )
 }
 
-CLASSIC = ("lru", "lfu", "lru2", "arc", "wtinylfu", "lirs")
+CLASSIC = ("lru", "lfu", "lru2", "arc", "wtinylfu", "lirs", "s3fifo", "sieve")
 AI = tuple(name for name, spec in REGISTRY.items() if spec.family == "learned")
 OFFLINE = tuple(name for name, spec in REGISTRY.items() if spec.family == "offline")
 ALL = (*CLASSIC, *AI, *OFFLINE)

@@ -30,6 +30,8 @@ from policies.adaptive.arc import ARC
 from policies.adaptive.lirs import LIRS
 from policies.adaptive.wtinylfu import WTinyLFU
 from policies.base import Eviction, Policy
+from policies.fifo.s3fifo import S3FIFO
+from policies.fifo.sieve import SIEVE
 from policies.frequency.lfu import LFU
 from policies.recency.lru import LRU
 
@@ -47,6 +49,10 @@ FACTORIES: dict[str, ExpertFactory] = {
     "arc": lambda capacity, seed: ARC(capacity),
     "wtinylfu": lambda capacity, seed: WTinyLFU(capacity, seed=seed),
     "lirs": lambda capacity, seed: LIRS(capacity),
+    "s3fifo": lambda capacity, seed: S3FIFO(capacity),
+    # libCacheSim's S3FIFO.c: fills main first while warming up (see policies.fifo.s3fifo)
+    "s3fifo-lcs": lambda capacity, seed: S3FIFO(capacity, fill_main_first=True),
+    "sieve": lambda capacity, seed: SIEVE(capacity),
 }
 
 

@@ -57,3 +57,13 @@ def test_unknown_experts_are_refused() -> None:
         ExpertPanel(4, ("lru", "mru"))
     with pytest.raises(ValueError):
         ExpertPanel(4, ())
+
+
+def test_the_fifo_experts_shadow_their_policies() -> None:
+    from policies import S3FIFO, SIEVE
+
+    panel = ExpertPanel(6, ("sieve", "s3fifo", "s3fifo-lcs"))
+    keys = [k % 9 for k in range(0, 300, 7)] + [1, 2, 3] * 5
+    feed(panel, keys)
+    for i, policy in enumerate((SIEVE(6), S3FIFO(6), S3FIFO(6, fill_main_first=True))):
+        assert panel.hits[i] == sum(policy.access(k, t)[0] for t, k in enumerate(keys))

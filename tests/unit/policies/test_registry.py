@@ -26,6 +26,8 @@ def test_families_and_declared_capabilities() -> None:
         "arc": "adaptive",
         "wtinylfu": "adaptive",
         "lirs": "adaptive",
+        "s3fifo": "fifo",
+        "sieve": "fifo",
         "heat": "learned",
         "opt": "offline",
     }

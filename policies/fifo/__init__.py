@@ -1,0 +1,1 @@
+"""FIFO-based policies with lazy promotion: S3-FIFO and SIEVE."""
