@@ -16,6 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from services.gateway.answers import error_body
 from services.gateway.proxy import Proxy, problem
 from services.gateway.settings import GatewaySettings
+from services.runtime.docs import serve_docs
 
 
 class PayloadTooLarge(Exception):
@@ -40,7 +41,11 @@ def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dic
         title="cachemesh gateway",
         version="1",
         summary="OpenAI-compatible endpoint in front of a model server, answering from the cache.",
+        # served from the package instead of a CDN (services/runtime/docs.py): /docs works offline
+        docs_url=None,
+        redoc_url=None,
     )
+    serve_docs(app)
     limit = settings.max_request_bytes
 
     async def complete(route: Any, request: Request) -> Response:
