@@ -6,6 +6,7 @@ before it is read whole; an optional bearer token guards every /v1 route."""
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at runtime.
 import hmac
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,9 +15,10 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.answers import error_body
-from services.gateway.proxy import Proxy, problem
+from services.gateway.proxy import REQUEST_MS, Proxy, problem
 from services.gateway.settings import GatewaySettings
 from services.runtime.docs import serve_docs
+from services.runtime.metrics import child
 
 
 class PayloadTooLarge(Exception):
@@ -53,7 +55,11 @@ def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dic
             raw = await read_body(request, limit)
         except PayloadTooLarge as exc:
             return problem(413, str(exc), kind="invalid_request_error", code="payload_too_large")
-        return await proxy.complete(route, raw, request.headers)
+        started = time.perf_counter()
+        try:
+            return await proxy.complete(route, raw, request.headers)
+        finally:
+            child(REQUEST_MS, route).observe((time.perf_counter() - started) * 1000)
 
     @app.post("/v1/chat/completions", summary="Chat completion, from the cache or the upstream")
     async def chat_completions(request: Request) -> Response:
