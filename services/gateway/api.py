@@ -6,6 +6,7 @@ before it is read whole; an optional bearer token guards every /v1 route."""
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at runtime.
 import hmac
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,8 +15,10 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.answers import error_body
-from services.gateway.proxy import Proxy, problem
+from services.gateway.proxy import REQUEST_MS, Proxy, problem
 from services.gateway.settings import GatewaySettings
+from services.runtime.docs import serve_docs
+from services.runtime.metrics import child
 
 
 class PayloadTooLarge(Exception):
@@ -40,7 +43,11 @@ def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dic
         title="cachemesh gateway",
         version="1",
         summary="OpenAI-compatible endpoint in front of a model server, answering from the cache.",
+        # served from the package instead of a CDN (services/runtime/docs.py): /docs works offline
+        docs_url=None,
+        redoc_url=None,
     )
+    serve_docs(app)
     limit = settings.max_request_bytes
 
     async def complete(route: Any, request: Request) -> Response:
@@ -48,7 +55,11 @@ def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dic
             raw = await read_body(request, limit)
         except PayloadTooLarge as exc:
             return problem(413, str(exc), kind="invalid_request_error", code="payload_too_large")
-        return await proxy.complete(route, raw, request.headers)
+        started = time.perf_counter()
+        try:
+            return await proxy.complete(route, raw, request.headers)
+        finally:
+            child(REQUEST_MS, route).observe((time.perf_counter() - started) * 1000)
 
     @app.post("/v1/chat/completions", summary="Chat completion, from the cache or the upstream")
     async def chat_completions(request: Request) -> Response:

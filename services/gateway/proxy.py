@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from schemas.events import MAX_KEY_CHARS, ConversationEnded, ConversationStarted, Event
@@ -38,6 +38,12 @@ EVENTS = Counter(
     "cachemesh_gateway_requests_total",
     "Gateway outcomes: hit, miss, bypass, lookup_<timeout|error|skipped>, hedged, upstream_errors, ...",
     ["outcome"],
+)
+REQUEST_MS = Histogram(
+    "cachemesh_gateway_request_ms",
+    "Completions, request read to response started (a stream's first byte), by route (ms)",
+    ["route"],
+    buckets=(1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0),
 )
 
 Publish = Callable[[Event, bool], Awaitable[None]]

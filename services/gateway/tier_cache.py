@@ -13,13 +13,22 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
+from prometheus_client import Histogram
 
 from services.gateway.answers import decode_answer, encode_answer
 from services.gateway.breaker import FailureBreaker
+from services.runtime.metrics import child
 
 log = logging.getLogger(__name__)
 
 Outcome = Literal["hit", "miss", "timeout", "error", "skipped"]
+
+LOOKUP_MS = Histogram(
+    "cachemesh_gateway_lookup_ms",
+    "The gateway's lookups in the tier node, by outcome (ms)",
+    ["outcome"],
+    buckets=(0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +83,9 @@ class TierCache:
         started = time.perf_counter()
 
         def result(outcome: Outcome, **kw: Any) -> LookupResult:
-            return LookupResult(outcome, (time.perf_counter() - started) * 1000, **kw)
+            ms = (time.perf_counter() - started) * 1000
+            child(LOOKUP_MS, outcome).observe(ms)
+            return LookupResult(outcome, ms, **kw)
 
         if not self.breaker.allow():
             return result("skipped")

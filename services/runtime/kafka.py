@@ -307,6 +307,8 @@ class EventConsumer:
         self._stopping = False
         self.last_poll_monotonic: float | None = None
         self.processed = 0
+        # The next offset to apply, per partition (kept past commits): the lag the metrics report.
+        self.applied: dict[TopicPartition, int] = {}
 
     async def start(self) -> None:
         if self._consumer is not None:
@@ -330,6 +332,7 @@ class EventConsumer:
         await consumer.start()
         self._consumer = consumer
         self._stopping = False
+        metrics.CONSUMERS.add(self)
 
     async def stop(self) -> None:
         self._stopping = True
@@ -381,6 +384,8 @@ class EventConsumer:
                             break
                         await self._process(record)
                         self._done[tp] = record.offset + 1
+                if tp in self._done:
+                    self.applied[tp] = self._done[tp]
             self._commit_in_background(consumer)
 
     def _commit_in_background(self, consumer: AIOKafkaConsumer) -> None:

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from services.runtime.kafka import EventConsumer
 
 EVENTS_PUBLISHED = Counter("cachemesh_events_published_total", "Events acknowledged by the broker", ["topic"])
 PUBLISH_FAILURES = Counter("cachemesh_publish_failures_total", "Events the broker did not take", ["topic"])
@@ -26,6 +32,48 @@ HANDLER_SECONDS = Histogram(
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 DB_RETRIES = Counter("cachemesh_db_retries_total", "Database calls retried after a lost connection")
+
+
+class ConsumerLag(Collector):
+    """`cachemesh_consumer_lag`: records in the broker a group has not applied yet (the log end as of
+    the last fetch minus the next offset to apply), summed per topic: every consuming service's queue
+    depth, read from the consumers when scraped."""
+
+    def __init__(self) -> None:
+        self._consumers: weakref.WeakSet[EventConsumer] = weakref.WeakSet()
+
+    def add(self, consumer: EventConsumer) -> None:
+        self._consumers.add(consumer)
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        lag: dict[tuple[str, str], int] = {}
+        for consumer in list(self._consumers):
+            kafka = consumer._consumer
+            if kafka is None:
+                continue
+            for tp in kafka.assignment():
+                end, applied = kafka.highwater(tp), consumer.applied.get(tp)
+                if end is None or applied is None:
+                    continue
+                key = (tp.topic, consumer.group_id)
+                lag[key] = lag.get(key, 0) + max(0, end - applied)
+        family = self._family()
+        for (topic, group), value in sorted(lag.items()):
+            family.add_metric([topic, group], value)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            "cachemesh_consumer_lag", "Records not applied yet, by topic and group", labels=["topic", "group"]
+        )
+
+
+CONSUMERS = ConsumerLag()
+REGISTRY.register(CONSUMERS)
 
 _M = TypeVar("_M", Counter, Histogram)
 

@@ -1,5 +1,5 @@
 """W3C trace context for events: a span per publish and per handled record, `traceparent` in Kafka
-headers. Uses OpenTelemetry; spans are exported only if an exporter is configured.
+headers. Uses OpenTelemetry; spans are exported over OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 
 Spans nobody samples (the default: see `configure_tracing`) take a fast path: the same trace and
 span ids the SDK would give a non-recording span, written straight into the headers and the context,
@@ -9,6 +9,7 @@ path. Sampled traces, trace state, baggage and any other tracing setup take the 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
@@ -21,12 +22,15 @@ from opentelemetry.propagate import extract, get_global_textmap, inject
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 Headers = Sequence[tuple[str, bytes]]
+
+log = logging.getLogger(__name__)
 
 _configured = False
 # Set while unsampled spans may take the fast path: our provider and sampler are the global ones and
@@ -44,17 +48,54 @@ def configure_tracing(service_name: str) -> None:
     Spans are recorded only when someone samples them: OTEL_TRACES_SAMPLER (the SDK's standard
     variable) decides when set; otherwise root spans are not recorded, which halves the cost of a
     span, while trace ids still travel in `traceparent` and children follow their parent's choice.
+    With OTEL_EXPORTER_OTLP_ENDPOINT set, recorded spans go out over OTLP/HTTP (`tracer_provider`).
     """
     global _configured, _fast_ids
     if _configured:
         return
-    sampler = None if os.environ.get("OTEL_TRACES_SAMPLER") else ParentBased(ALWAYS_OFF)
-    resource = Resource.create({"service.name": service_name})
-    provider = TracerProvider(resource=resource, sampler=sampler)
+    provider = tracer_provider(service_name)
     trace.set_tracer_provider(provider)
     _configured = True
-    if sampler is not None and trace.get_tracer_provider() is provider and _default_propagators():
+    if _unsampled_by_default() and trace.get_tracer_provider() is provider and _default_propagators():
         _fast_ids = provider.id_generator
+
+
+def _unsampled_by_default() -> bool:
+    return not os.environ.get("OTEL_TRACES_SAMPLER")
+
+
+def tracer_provider(service_name: str) -> TracerProvider:
+    """The provider `configure_tracing` installs: the sampler as above, and a batching OTLP/HTTP
+    exporter when OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) names a collector and the
+    exporter package (opentelemetry-exporter-otlp-proto-http) is installed; the exporter reads the
+    standard OTEL_EXPORTER_OTLP_* variables (headers, timeout, compression) itself."""
+    sampler = ParentBased(ALWAYS_OFF) if _unsampled_by_default() else None
+    resource = Resource.create({"service.name": service_name})
+    provider = TracerProvider(resource=resource, sampler=sampler)
+    endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if not endpoint:
+        return provider
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    except ImportError:
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not "
+            "installed: spans are not exported",
+            extra={"endpoint": endpoint},
+        )
+        return provider
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    if sampler is not None:
+        log.warning(
+            "exporting spans over OTLP, but OTEL_TRACES_SAMPLER is unset: only traces sampled upstream "
+            "are recorded (set it, e.g. parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.01)",
+            extra={"endpoint": endpoint},
+        )
+    else:
+        log.info("exporting spans over OTLP", extra={"endpoint": endpoint})
+    return provider
 
 
 def _default_propagators() -> bool:

@@ -40,6 +40,7 @@ from services.tiers.l2.net.transport import TcpBlockServer
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.l3.store import PostgresL3Store
+from services.tiers.metrics import TIERS
 from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
@@ -161,6 +162,8 @@ class TiersService(Service):
             ),
             degrade=self._degrade_guard(),
         )
+        TIERS.watch(s.node_id, self.cache)
+        stack.callback(TIERS.forget, s.node_id)
         await self._share_l2(stack)
         # A new node starts at the end of the streams: it holds nothing older to invalidate.
         invalidations = await self.open_consumer(

@@ -23,6 +23,7 @@ import numpy as np
 from fastapi import APIRouter, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.events import MAX_KEY_CHARS
@@ -47,6 +48,7 @@ from services.tiers.edge.models import (
 from services.tiers.edge.prefix import prefix_router
 from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
 from services.tiers.l1.vector_index import normalize
+from services.tiers.metrics import TIERS
 from services.tiers.node.plan import Lookup
 from services.tiers.node.plan import Query as CacheQuery
 from services.tiers.node.tiered import L3Unavailable, TieredCache
@@ -424,11 +426,22 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
 
     def edge(inner: ASGIApp) -> ASGIApp:
         outer: ASGIApp = BodyLimit(
-            LookupFastPath(inner, one=lookup_one, many=lookup_many), settings.max_request_bytes
+            LookupFastPath(
+                inner,
+                one=lookup_one,
+                many=lookup_many,
+                latency={p: TIERS.route(settings.node_id, p) for p in LookupFastPath.PATHS},
+            ),
+            settings.max_request_bytes,
         )
         return outer if token is None else BearerAuth(outer, token=token)
 
     app.edge = edge
+
+    # The process's series (the node's and the runtime's), as on the metrics port: one scrape target.
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, Any]:

@@ -3,6 +3,7 @@ lookup fast path (POST /v1/lookup and /v1/lookup/batch), where FastAPI's machine
 exact lookup; JSON encoded once, with orjson, and sent as bare ASGI messages."""
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.tiers.edge.models import BatchBody, LookupBody
+from services.tiers.metrics import LatencyMs
 
 log = logging.getLogger(__name__)
 
@@ -94,15 +96,18 @@ class LookupFastPath:
         app: ASGIApp,
         one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
         many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
+        latency: dict[str, LatencyMs] | None = None,
     ) -> None:
         self.app = app
         self.one = one
         self.many = many
+        self.latency = latency or {}  # by path: the request's time here, body read to answer sent
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
             await self.app(scope, receive, send)
             return
+        started = time.perf_counter_ns()
         chunks = []
         try:
             while True:  # `BodyLimit` wraps `receive` and raises a 413 past the limit
@@ -124,3 +129,6 @@ class LookupFastPath:
             log.exception("lookup failed", extra={"path": scope["path"]})
             status, payload = 500, {"detail": "internal error (logged by the node)"}
         await send_json(send, status, payload)
+        hist = self.latency.get(scope["path"])
+        if hist is not None:
+            hist.observe((time.perf_counter_ns() - started) / 1e6)

@@ -53,6 +53,8 @@ class LatencyBreaker:
         self.rejected = 0
         self.failures = 0
         self.reason: str | None = None
+        # Hears every call reported (its latency in ms, whether it succeeded): the latency histogram.
+        self.observe: Callable[[float, bool], None] | None = None
 
     def p99_ms(self) -> float | None:
         if not self._samples:
@@ -74,6 +76,8 @@ class LatencyBreaker:
 
     def record(self, latency_ms: float, ok: bool = True) -> None:
         """Report one call that `allow()` let through: its latency and whether it succeeded."""
+        if self.observe is not None:
+            self.observe(latency_ms, ok)
         if not ok:
             self.failures += 1
             latency_ms = max(latency_ms, self.p99_bound_ms * 2)  # a failure counts as slow
