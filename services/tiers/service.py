@@ -471,9 +471,30 @@ class TiersService(Service):
             log.warning("mode change publish failed", extra={"error": repr(exc)})
 
     async def _watch_hearing(self) -> None:
-        assert self.cache is not None and self._invalidations is not None
+        cache = self.cache
+        assert cache is not None and self._invalidations is not None
+        forget_after = self.settings.forget_after_unheard_ms
+        was_hearing, deaf_since = cache.hearing, cache.wall_ms()
+        last_heard = cache.heard_at_ms
         while True:
-            self.cache.heard_at_ms = _heard_at_ms(self._invalidations)
+            heard = cache.heard_at_ms = _heard_at_ms(self._invalidations)
+            hearing = cache.hearing
+            if was_hearing and not hearing:  # deaf since the last fetch answer (or now, without one)
+                deaf_since = last_heard if last_heard is not None else cache.wall_ms()
+            elif hearing and not was_hearing and forget_after and heard is not None:
+                # Deaf this long is an outage, not a stalled loop: what this node holds may have been
+                # replaced meanwhile, and the invalidations other nodes' producers buffered can land
+                # after it hears again. It starts its memory afresh (L3 has every write).
+                deaf_ms = heard - deaf_since
+                if deaf_ms >= forget_after:
+                    gone = cache.forget_memory("unheard")
+                    log.warning(
+                        "heard invalidations again after an outage; memory dropped",
+                        extra={"entries": gone, "deaf_ms": deaf_ms},
+                    )
+            was_hearing = hearing
+            if heard is not None:
+                last_heard = heard
             await asyncio.sleep(_HEARING_POLL_S)
 
     async def _api_ticks(self) -> None:

@@ -126,6 +126,10 @@ class TiersSettings(ServiceSettings):
     # promises (2 s in tests/integration/test_consistency.py). Not much lower: a node whose event loop
     # stalls (a model loading) for longer reads L3 meanwhile. 0 turns the lease off (no such promise).
     hearing_lease_ms: Annotated[int, Field(ge=0)] = 1_500
+    # A node that could not hear invalidations for this long (a broker outage, not a stalled loop)
+    # drops its L1/L2 when it hears again: other nodes' producers may deliver the invalidations they
+    # buffered meanwhile after it hears. 0: never.
+    forget_after_unheard_ms: Annotated[int, Field(ge=0)] = 3_000
     degrade_window_ms: Annotated[int, Field(gt=0)] = 30_000
     degrade_enter_below: Annotated[float, Field(ge=0.0, le=1.0)] = 0.85
     degrade_exit_at: Annotated[float, Field(ge=0.0, le=1.0)] = 0.90

@@ -135,6 +135,9 @@ class L1Cache:
     def __contains__(self, key: object) -> bool:
         return isinstance(key, str) and self._slot(key) >= 0
 
+    def keys(self) -> list[str]:
+        return [k for k in self._keys if k is not None]
+
     @property
     def bytes_used(self) -> int:
         return self._bytes

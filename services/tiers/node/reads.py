@@ -55,6 +55,7 @@ class Counters:
     peers_skipped: int = 0  # lookups that did not ask the peers' L2: the node was local-only
     fenced: int = 0  # a copy found older than a write this node heard of: answered as a miss
     unheard_lookups: int = 0  # walked to L3 alone: this node did not hear invalidations then
+    forgotten: int = 0  # entries dropped from L1/L2 when the node heard again after not hearing
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:

@@ -338,6 +338,18 @@ class TieredCache(TierReads):
         self.counters.context_dropped += len(dropped)
         return sorted(dropped)
 
+    def forget_memory(self, reason: str = "unheard") -> int:
+        """Drops every entry from this node's L1 and L2 (L3 keeps them): after a time this node could
+        not hear invalidations, any copy it holds may have been replaced meanwhile, and the
+        invalidations buffered by other nodes' producers during a broker outage can arrive after this
+        node hears again. Returns how many entries went."""
+        keys = set(self.l1.keys())
+        if self.l2 is not None:
+            keys.update(self.l2.keys())
+        gone = sum(1 for key in keys if self._drop_local(key, reason))
+        self.counters.forgotten += gone
+        return gone
+
     # --- housekeeping ---------------------------------------------------------------------------
 
     def expire(self) -> int:
@@ -392,6 +404,7 @@ class TieredCache(TierReads):
             "hits_by_tier": dict(c.hits),
             "degraded_lookups": c.degraded_lookups,
             "fenced": c.fenced,
+            "forgotten": c.forgotten,
             "hearing": self.hearing,
             "unheard_lookups": c.unheard_lookups,
             "puts": c.puts,

@@ -545,3 +545,17 @@ async def test_batched_lookups_and_warmup_ask_peers_once_for_all_local_misses() 
     assert done is not None and (done.loaded, done.from_peers, done.from_l3) == (2, 1, 1)
     assert "p2" in rig.cache.l1 and "l3-only" in rig.cache.l1
     assert peers.asked[-1] == ["p2", "l3-only"], "peers first, L3 for the rest"
+
+
+async def test_forgetting_memory_after_an_outage_empties_l1_and_l2_but_not_l3() -> None:
+    rig = make()
+    for key in ("a", "b", "c"):
+        await rig.cache.put(
+            meta(key, unit(RNG, DIM), similarity_tolerance=0.999), encode_text(key, model="m")
+        )
+    assert rig.cache.l2 is not None and all(k in rig.cache.l1 and k in rig.cache.l2 for k in "abc")
+    assert rig.cache.forget_memory("unheard") == 3
+    assert len(rig.cache.l1) == 0 and not rig.cache.l2.keys()
+    got = await rig.cache.get("b")
+    assert (got.hit, got.tier) == (True, "l3")  # the store of record still answers
+    assert rig.cache.stats()["forgotten"] == 3
