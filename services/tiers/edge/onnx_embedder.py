@@ -16,6 +16,8 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -110,6 +112,31 @@ def export_fp32(model_dir: Path, out: Path) -> Path:
     return out
 
 
+def export_fp32_isolated(model_dir: Path, out: Path, timeout_s: float = 600.0) -> Path:
+    """`export_fp32` in a fresh interpreter: the exporter fails (a bare RuntimeError) in a process that
+    has loaded some native libraries first (libcachesim's, seen in the test suite), and an export in a
+    long-running node is better kept out of its memory anyway."""
+    code = (
+        "import sys; from pathlib import Path; "
+        "from services.tiers.edge.onnx_embedder import export_fp32; "
+        "export_fp32(Path(sys.argv[1]), Path(sys.argv[2]))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(model_dir), str(out)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise OnnxUnavailable(f"ONNX export could not run: {exc}") from exc
+    if done.returncode != 0 or not out.exists():
+        tail = (done.stderr or "").strip().splitlines()[-3:]
+        raise OnnxUnavailable(f"ONNX export failed (exit {done.returncode}): {' | '.join(tail)}")
+    return out
+
+
 def quantize_int8(fp32: Path, out: Path) -> Path:
     try:
         from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -132,7 +159,7 @@ def ensure_model(model_dir: Path, *, int8: bool, root: Path | None = None) -> Pa
     fp32 = where / "model.onnx"
     try:
         if not fp32.exists():
-            export_fp32(model_dir, fp32)
+            export_fp32_isolated(model_dir, fp32)
         if not int8:
             return fp32
         q8 = where / "model.int8.onnx"
