@@ -18,11 +18,20 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 # Generous: the assertion is about correctness; the measured p99 is the bench's business.
 WINDOW_MS = 2000.0
+# Across a broker restart the window is the hearing lease plus the producers' reconnect: the
+# invalidations written while the broker was away are delivered only once they reconnect, and CI runs
+# saw nodes serve the replaced value up to 2.4 s after the newer write's acknowledgement.
+BROKER_RESTART_WINDOW_MS = 5000.0
 
 
 def _workload(**overrides: float) -> Workload:
-    base: dict[str, float] = {"duration_s": 4.0, "fault_after_s": 1.0, "after_fault_s": 2.5}
-    return Workload(window_ms=WINDOW_MS, **{**base, **overrides})  # type: ignore[arg-type]
+    base: dict[str, float] = {
+        "window_ms": WINDOW_MS,
+        "duration_s": 4.0,
+        "fault_after_s": 1.0,
+        "after_fault_s": 2.5,
+    }
+    return Workload(**{**base, **overrides})  # type: ignore[arg-type]
 
 
 def _assert_consistent(outcome: Outcome) -> None:
@@ -50,7 +59,9 @@ async def test_a_node_killed_and_restarted_mid_load_stays_consistent(kafka, post
 @pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP")), reason="restarts the broker: needs its own")
 async def test_a_broker_restart_mid_load_stays_consistent(kafka, postgres) -> None:
     async with mesh(kafka.bootstrap, postgres.dsn) as m:
-        outcome = await run_scenario("restart-broker", m, _workload(), broker=kafka)
+        # Load goes on past the window, so a read it would call stale is still made.
+        workload = _workload(window_ms=BROKER_RESTART_WINDOW_MS, after_fault_s=6.0)
+        outcome = await run_scenario("restart-broker", m, workload, broker=kafka)
     _assert_consistent(outcome)
 
 
