@@ -241,9 +241,12 @@ class StreamsApp:
     async def tick(self) -> None:
         """Close the panes the watermarks passed, hand them to stage 2, record the progress, then
         acknowledge the records those panes counted."""
-        if not self.ready:
+        if not self.ready or self.app.rebalancing:
+            # Until faust has sought every partition to its committed offset (the end of the
+            # rebalance), records may come from the position before that seek, with gaps where faust
+            # dropped some: closing a pane then would make the missing ones late.
             return
-        if self._rewind and not self.app.rebalancing:
+        if self._rewind:
             rewind, self._rewind = self._rewind, []
             # seek_wait, not seek: it runs in faust's consumer thread (a seek from this one raced the
             # fetcher there: KeyError in aiokafka's fetched_records, the worker crashed) and it drops
