@@ -241,14 +241,18 @@ class StreamsApp:
     async def tick(self) -> None:
         """Close the panes the watermarks passed, hand them to stage 2, record the progress, then
         acknowledge the records those panes counted."""
-        if not self.ready:
+        if not self.ready or self.app.rebalancing:
+            # Until faust has sought every partition to its committed offset (the end of the
+            # rebalance), records may come from the position before that seek, with gaps where faust
+            # dropped some: closing a pane then would make the missing ones late.
             return
-        if self._rewind and not self.app.rebalancing:
+        if self._rewind:
             rewind, self._rewind = self._rewind, []
             # seek_wait, not seek: it runs in faust's consumer thread (a seek from this one raced the
             # fetcher there: KeyError in aiokafka's fetched_records, the worker crashed) and it drops
             # faust's read offset for the partition, which would otherwise skip the records again.
             await self.app.consumer.seek_wait(dict.fromkeys(rewind, 0))
+            self._forget_reads(tp.partition for tp in rewind if tp.topic == self.names.access)
         async with self._lock:
             closing = self.ingest.close(self.clock(), self.caught_up(), self.source_count)
             # One trace per tick: stage 2 continues it in what the hand-off records close.
@@ -305,6 +309,16 @@ class StreamsApp:
             upto = seen + 1 if seen is not None else (faust_adapter.committed_offset(self.app, tp) or 0)
             out[p] = upto >= end
         return out
+
+    def _forget_reads(self, partitions: Iterable[int]) -> None:
+        """The partitions are read again from an earlier offset (a rebalance seeks every one to its
+        committed offset; a rewind to its start): what was read before says nothing about being caught
+        up now. Kept, the last offset read would make a partition that is being read again look
+        consumed to its end, hence idle, and its watermark would follow the others (or the event
+        clock) past the panes of the records still to come: those would count as late, lost."""
+        for p in partitions:
+            self._last_offset.pop((self.names.access, p), None)
+            self._last_seen_ms.pop(p, None)
 
     def _report_counters(self) -> None:
         now, last = self.ingest.counters, self._reported
@@ -475,6 +489,8 @@ class StreamsApp:
                 self.merge.load(q, merge_items)
             for q in sorted(set(self.merge.partitions) - handoffs):
                 self.merge.revoke(q)
+            # faust seeks every stream partition to its committed offset once this returns.
+            self._forget_reads(sources | set(self._last_seen_ms))
             for row in self.latest_table.data.values():
                 if isinstance(row, dict) and "window" in row:
                     key = f"{row['window']}|{row['shard']}|{row.get('model', '*')}"

@@ -16,7 +16,8 @@ committed) only once every pane it counts in has been closed: its partial delive
 the partition's progress (`closed_before_ms`) written to the table. Open panes therefore never need
 persisting -- after a crash they are rebuilt from the records replayed from the committed offset --
 and a replayed record for a pane the progress says is closed is skipped. Within a running worker a
-redelivered record (a rebalance) is skipped by the highest offset each open pane has applied.
+redelivered record (a rebalance) is skipped by its offset, kept per open pane: exact, also when the
+first delivery had a gap (faust can drop a fetched record mid-rebalance and hand on the next ones).
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from streams.windows import PANE_MS, Group, PaneAggregate, groups_for, pane_star
 @dataclass(slots=True)
 class _Pane:
     aggregate: PaneAggregate
-    applied_offset: int = -1
 
 
 @dataclass(slots=True)
 class _PartitionState:
     panes: dict[tuple[Group, int], _Pane] = field(default_factory=dict)
+    # Per open pane start: the offsets applied to it (dropped with the pane when it closes).
+    offsets: dict[int, set[int]] = field(default_factory=dict)
     max_event_ms: int = -1
     closed_before_ms: int = 0
     applied_offset: int = -1
@@ -159,21 +161,18 @@ class Ingest:
             else:
                 self.counters.late += 1
             return out
-        applied = False
-        for group in groups_for(event):
-            slot = (group, start)
-            pane = state.panes.get(slot)
-            if pane is None:
-                pane = state.panes[slot] = _Pane(PaneAggregate.for_group(group))
-            if offset <= pane.applied_offset:
-                continue
-            pane.aggregate.add(event, self.spike_rtt_ms)
-            pane.applied_offset = offset
-            applied = True
-        if applied:
-            self.counters.applied += 1
-        else:
+        applied = state.offsets.setdefault(start, set())
+        if offset in applied:
             self.counters.replayed += 1
+        else:
+            applied.add(offset)
+            for group in groups_for(event):
+                slot = (group, start)
+                pane = state.panes.get(slot)
+                if pane is None:
+                    pane = state.panes[slot] = _Pane(PaneAggregate.for_group(group))
+                pane.aggregate.add(event, self.spike_rtt_ms)
+            self.counters.applied += 1
         if ts > state.max_event_ms:
             state.max_event_ms = ts
         if offset > state.applied_offset:
@@ -236,6 +235,8 @@ class Ingest:
             ):
                 pane = state.panes.pop(slot)
                 partials.append(Partial(p, slot[0], slot[1], pane.aggregate))
+            for start in [s for s in state.offsets if s < closed_before]:
+                del state.offsets[start]
             state.closed_before_ms = closed_before
             advanced[p] = closed_before
             progress_writes.append(TableWrite(p, _progress_key(p), self._progress_value(state)))

@@ -52,6 +52,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 BASE = DEFAULT_BASE_MS
 MIGRATION_AT = BASE + 5_000
 PULSE_AT = BASE + 38_000
+IDLE_MS = 5_000
 
 
 def replay_events() -> list[Event]:
@@ -76,6 +77,12 @@ class Worker:
             "CACHEMESH_STREAMS_METRICS_PORT": str(self.port),
             "CACHEMESH_STREAMS_DATA_DIR": str(data_dir),
             "CACHEMESH_STREAMS_SESSION_TIMEOUT_MS": "6000",
+            # The replay runs event time ~25x faster than wall time and pauses (between the two
+            # halves of the kill tests; at start-up the producer fills one partition's batches before
+            # another's): a partition quiet past idle_ms would let its watermark follow the others or
+            # the event clock past records still to come, which then count as late. Exact counts
+            # need the pauses shorter than idle_ms.
+            "CACHEMESH_STREAMS_IDLE_MS": str(IDLE_MS),
             "CACHEMESH_STREAMS_FAUST_METRICS": "true",
         }
         self.process = ServerProcess(
@@ -257,8 +264,16 @@ async def _eventually(check, what: str, timeout_s: float = 120.0) -> None:  # ty
 
 
 @pytest.mark.xfail(
-    reason="open: in 1 of 3 runs the survivor's windows undercounted (e.g. hopping_10s s3 requests "
-    "196 != 334, 18 windows missing) after the other worker was killed mid-window; see issue 15",
+    reason="open (issue 15): in 2 of 21 runs one access (1 record) of a partition the survivor took "
+    "over from the killed worker was missing from the first pane of the second half (source partition "
+    "5, pane 625000 / 627000: 3 != 4, 53 != 54). The survivor's first tick closed panes at 44.37 s, "
+    "between its 'streams state recovered' (44.20 s, ticks allowed) and faust's 'Worker ready' (44.42 s, "
+    "perform_seek to the committed offsets done), with records fetched from the position before that "
+    "seek; a record faust drops there (getmany's flow/generation break, or its read-offset check) is "
+    "then either late (pane closed) or skipped as a repeat by the pane's highest applied offset. "
+    "Fix applied since (no closing while app.rebalancing; repeats skipped by exact offset in open "
+    "panes): 10 of 10 then passed, too few to call it gone at that rate; drop this mark after ~30 "
+    "passes in a row. (The 1-in-3 loss seen before was the idleness rule, fixed: see IDLE_MS.)",
     strict=False,
 )
 async def test_two_workers_share_the_partitions_and_one_killed_mid_window_loses_and_doubles_nothing(
