@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -33,6 +34,11 @@ log = logging.getLogger(__name__)
 BATCHES = Counter("cachemesh_bridge_batches_total", "vLLM batches handled", ["engine", "outcome"])
 EVENTS = Counter("cachemesh_bridge_events_total", "kv.events.v1 events produced", ["engine"])
 LOST = Counter("cachemesh_bridge_lost_batches_total", "Batches neither heard nor replayed", ["engine"])
+
+
+def digest(payload: bytes) -> bytes:
+    """What tells a replayed batch from a restarted engine's batch under the same number."""
+    return hashlib.blake2b(payload, digest_size=16).digest()
 
 
 @dataclass
@@ -103,7 +109,7 @@ class EngineBridge:
             return
         if self.config.topic and topic.decode(errors="replace") != self.config.topic:
             return  # another topic sharing the prefix the SUB filter matched
-        verdict = self.tracker.on_live(seq)
+        verdict = self.tracker.on_live(seq, digest(payload))
         if verdict == "duplicate":
             self.counts.duplicates += 1
             BATCHES.labels(self.engine.engine_id, "duplicate").inc()
@@ -123,7 +129,7 @@ class EngineBridge:
         self.counts.replays += 1
         try:
             async for seq, payload in self.source.replay(start):
-                if self.tracker.on_replayed(seq):
+                if self.tracker.on_replayed(seq, digest(payload)):
                     self.counts.replayed += 1
                     await self._forward(seq, payload)
         except ReplayUnavailable as exc:
