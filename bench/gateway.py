@@ -8,7 +8,7 @@ own lookup (a miss, straight to its API): how much of a miss's added time is the
 The upstream is the OpenAI-compatible double (`bench/_openai_upstream.py`, a fixed delay standing in
 for generation), the tier node and the gateway run as their own processes, on a real broker and Postgres
 (`KAFKA_BOOTSTRAP` / `DATABASE_URL` when set, otherwise it starts its own).
-Run: `python -m bench.gateway [--requests N] [--upstream-delay-ms D] [--hedge-after-ms H]`.
+Run: `python -m bench.gateway [--requests N] [--upstream-delay-ms D] [--hedge-after-ms H] [--pin]`.
 """
 
 from __future__ import annotations
@@ -66,9 +66,12 @@ def _paraphrase(i: int) -> str:
 
 
 @contextlib.contextmanager
-def _process(name: str, args: list[str], env: dict[str, str], logs: Path) -> Iterator[ServerProcess]:
+def _process(
+    name: str, args: list[str], env: dict[str, str], logs: Path, cpus: str | None = None
+) -> Iterator[ServerProcess]:
+    pin = ["taskset", "-c", cpus] if cpus else []
     proc = ServerProcess(
-        [sys.executable, *args], log_path=logs / f"{name}.log", env={**os.environ, **env}, cwd=REPO
+        [*pin, sys.executable, *args], log_path=logs / f"{name}.log", env={**os.environ, **env}, cwd=REPO
     )
     try:
         yield proc
@@ -98,6 +101,10 @@ def _body(text: str, stream: bool = False) -> dict[str, Any]:
     }
 
 
+LOOKUP_MS_SEEN: list[float] = []
+"""The lookup's time as the gateway measured it (`x-cachemesh-lookup-ms` of each miss)."""
+
+
 async def _timed(
     client: httpx.AsyncClient, texts: list[str], expect: str | None, stream: bool = False, **headers: str
 ) -> tuple[list[float], int]:
@@ -111,6 +118,8 @@ async def _timed(
         if r.status_code != 200:
             raise RuntimeError(f"{r.status_code}: {r.text[:300]}")
         expected += expect is None or r.headers.get("x-cachemesh-cache") == expect
+        if expect == "miss" and "x-cachemesh-lookup-ms" in r.headers:
+            LOOKUP_MS_SEEN.append(float(r.headers["x-cachemesh-lookup-ms"]))
     return latencies, expected
 
 
@@ -134,6 +143,7 @@ async def _run(
     delay_ms: float,
     lookup_timeout_ms: int,
     hedge_after_ms: int | None,
+    pin: bool = False,
 ) -> tuple[list[Row], dict[str, int]]:
     namespace = f"bench{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
@@ -160,9 +170,9 @@ async def _run(
     direct_url, gateway_url = f"http://127.0.0.1:{up_port}/v1", f"http://127.0.0.1:{gw_port}/v1"
     with (
         tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp,
-        _process("upstream", upstream_args, {}, Path(tmp)) as upstream,
-        _process("tiers", ["-m", "services.tiers"], tiers_env, Path(tmp)) as tiers,
-        _process("gateway", ["-m", "services.gateway"], gw_env, Path(tmp)) as gateway,
+        _process("upstream", upstream_args, {}, Path(tmp), "0" if pin else None) as upstream,
+        _process("tiers", ["-m", "services.tiers"], tiers_env, Path(tmp), "1" if pin else None) as tiers,
+        _process("gateway", ["-m", "services.gateway"], gw_env, Path(tmp), "0" if pin else None) as gateway,
     ):
         async with httpx.AsyncClient(timeout=60) as http:
             await _ready(http, f"{direct_url}/models", upstream, lambda _: True)
@@ -224,15 +234,28 @@ def main(
     upstream_delay_ms: Annotated[float, typer.Option(help="The upstream double's answer time")] = 20.0,
     lookup_timeout_ms: Annotated[int, typer.Option(help="CACHEMESH_GATEWAY_LOOKUP_TIMEOUT_MS")] = 1000,
     hedge_after_ms: Annotated[int | None, typer.Option(help="CACHEMESH_GATEWAY_HEDGE_AFTER_MS")] = None,
+    pin: Annotated[
+        bool,
+        typer.Option(
+            help="The tier node on CPU 1; the gateway, the upstream double and this client on CPU 0 "
+            "(a deployment gives the cache its own cores; on 2 shared cores its embedding otherwise "
+            "takes CPU from the proxy path)"
+        ),
+    ] = False,
 ) -> None:
+    if pin:
+        os.sched_setaffinity(0, {0})
     with broker_from_env() as broker, postgres_from_env() as pg:
         rows, outcomes = asyncio.run(
-            _run(broker.bootstrap, pg.dsn, requests, upstream_delay_ms, lookup_timeout_ms, hedge_after_ms)
+            _run(
+                broker.bootstrap, pg.dsn, requests, upstream_delay_ms, lookup_timeout_ms, hedge_after_ms, pin
+            )
         )
     table = Table(
         title=f"gateway overhead ({requests} sequential requests per row, upstream answers in "
         f"{upstream_delay_ms:g} ms, lookup timeout {lookup_timeout_ms} ms, "
-        f"{'no hedging' if hedge_after_ms is None else f'hedged after {hedge_after_ms} ms'})"
+        f"{'no hedging' if hedge_after_ms is None else f'hedged after {hedge_after_ms} ms'}"
+        f"{', node pinned apart' if pin else ''})"
     )
     for column in ("path", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "p50 / direct", "served as"):
         table.add_column(column, justify="left" if column == "path" else "right")
@@ -251,6 +274,9 @@ def main(
     console = Console()
     console.print(table)
     # A request "served as" something else: its lookup timed out, was skipped, or lost the hedge.
+    if LOOKUP_MS_SEEN:
+        p50, p99 = np.percentile(LOOKUP_MS_SEEN, [50, 99])
+        console.print(f"the lookup on a miss as the gateway timed it: p50 {p50:.2f} ms, p99 {p99:.2f} ms")
     console.print("gateway outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(outcomes.items()) if v))
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "gateway.csv", "w", newline="") as f:
