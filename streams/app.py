@@ -226,7 +226,8 @@ class StreamsApp:
                 metrics.EVENTS.labels("other").inc()
             self._ack_soon.append((stream, event))
             return
-        self._last_seen_ms[partition] = wall_ms()
+        self._last_seen_ms[partition] = now = wall_ms()
+        metrics.INGEST_DELAY.observe(max(0, now - decoded.occurred_at_ms) / 1000)
         # Acknowledged once the pane it counts in is closed (see `tick`).
         self._pending.setdefault(partition, deque()).append(
             (stream, event, pane_start(decoded.occurred_at_ms))

@@ -15,6 +15,11 @@ WINDOW_LAG = Histogram(
     "Wall time between a window's end (event time) and its emission",
     buckets=(0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0),
 )
+INGEST_DELAY = Histogram(
+    "cachemesh_streams_ingest_delay_seconds",
+    "Wall time between an access's occurrence and stage 1 reading it (the queue before the worker)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0),
+)
 LAST_WINDOW_LAG = Gauge("cachemesh_streams_last_window_lag_seconds", "Lag of the latest emitted window")
 PENETRATIONS = Counter("cachemesh_streams_penetrations_total", "Requests that missed all three layers")
 SPIKES = Counter("cachemesh_streams_latency_spikes_total", "Latency spikes reported (after cooldown)")
