@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup run test test-unit test-integration bench lint format schemas clean
+.PHONY: help setup quix-venv run test test-unit test-integration bench lint format schemas clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -27,6 +27,10 @@ setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; \
 	  else echo "chromium not found: tests/integration/test_dashboard_browser.py will skip (apt-get install chromium)"; fi; }
+
+quix-venv: ## A separate venv with quixstreams, for bench/stream_floor.py's comparison (it pins an older pydantic)
+	$(PYTHON) -m venv .venv-quix
+	.venv-quix/bin/pip install --quiet 'quixstreams==3.28.1'
 
 run: setup ## Start broker, Postgres and every service on embedded defaults (Ctrl-C stops all)
 	$(VENV)/bin/cachemesh up
