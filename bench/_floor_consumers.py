@@ -36,7 +36,11 @@ class _Clock:
             self.t0, self.cpu0 = time.perf_counter(), _cpu_s()
         self.seen += k
         if self.seen >= self.n:
-            out = {"records": self.seen, "seconds": time.perf_counter() - self.t0, "cpu_s": _cpu_s() - self.cpu0}
+            out = {
+                "records": self.seen,
+                "seconds": time.perf_counter() - self.t0,
+                "cpu_s": _cpu_s() - self.cpu0,
+            }
             print(json.dumps(out), flush=True)
             os._exit(0)
 
@@ -127,7 +131,7 @@ def _quix(bootstrap: str, topic: str, n: int, window: bool) -> None:
 
 def main() -> None:
     kind, bootstrap, topic, n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    sys.argv = sys.argv[:1] + ["worker"]  # faust's Worker reads the command line
+    sys.argv = [*sys.argv[:1], "worker"]  # faust's Worker reads the command line
     if kind in ("aiokafka", "aiokafka+decode"):
         asyncio.run(_aiokafka(bootstrap, topic, n, decode=kind.endswith("decode")))
     elif kind in ("faust", "faust-take", "faust-defaults"):

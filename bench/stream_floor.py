@@ -79,7 +79,12 @@ def _consume(kind: str, bootstrap: str, topic: str, n: int, timeout_s: float) ->
     args = [python, str(REPO / "bench" / "_floor_consumers.py"), kind, bootstrap, topic, str(n)]
     try:
         done = subprocess.run(
-            args, cwd=REPO, capture_output=True, text=True, timeout=timeout_s, env={**os.environ, "PYTHONPATH": str(REPO)}
+            args,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
     except subprocess.TimeoutExpired:
         Console(stderr=True).print(f"{kind}: did not read {n:,} records within {timeout_s:.0f} s")
@@ -91,7 +96,11 @@ def _consume(kind: str, bootstrap: str, topic: str, n: int, timeout_s: float) ->
         return None
     out = json.loads(lines[-1])
     return Row(
-        kind, out["records"], out["seconds"], out["records"] / out["seconds"], 1e6 * out["cpu_s"] / out["records"]
+        kind,
+        out["records"],
+        out["seconds"],
+        out["records"] / out["seconds"],
+        1e6 * out["cpu_s"] / out["records"],
     )
 
 
