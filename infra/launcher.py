@@ -2,8 +2,8 @@
 
 Starts the broker and Postgres (embedded unless KAFKA_BOOTSTRAP / DATABASE_URL say otherwise),
 creates the catalogue's topics, applies migrations, then runs every service that exists
-(`services/<name>/__main__.py`) as its own process on its fixed metrics port, restarting one that
-dies. A state file lets `cachemesh status` find every component.
+(`services/<name>/__main__.py`) as its own process on its fixed metrics port, its output kept as JSON
+lines in its log, restarting one that dies. A state file lets `cachemesh status` find every component.
 Ctrl-C stops services first, then Postgres, then the broker.
 """
 
@@ -28,6 +28,7 @@ from infra.brokers import Broker, broker_from_env
 from infra.paths import cache_dir, free_port, port_is_free
 from infra.postgres import Postgres, postgres_from_env
 from infra.process import ServerProcess
+from infra.service_log import json_lines_for
 from infra.topics import ensure_topics
 from services.runtime.postgres import Database, apply_migrations, redact_dsn
 from services.runtime.settings import PostgresSettings
@@ -143,6 +144,7 @@ class ServiceProcess:
             log_path=self.log_path,
             env=self.env,
             cwd=REPO_ROOT,
+            line_filter=json_lines_for(self.name),
         )
         self.started_at = time.monotonic()
         self.detail = f"pid {self.proc.pid}"
