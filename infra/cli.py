@@ -73,6 +73,8 @@ def up(
             loop.add_signal_handler(sig, stop.set)
         with console.status("starting") as status:
             await mesh.up(on_progress=lambda step: status.update(step))
+        for notice in mesh.notices:
+            console.print(f"[yellow]{notice}[/]")
         healthy_at: float | None = None
         async with aiohttp.ClientSession() as session:
             with Live(_table(mesh.rows(), "cachemesh"), console=console, refresh_per_second=4) as live:

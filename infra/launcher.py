@@ -2,8 +2,9 @@
 
 Starts the broker and Postgres (embedded unless KAFKA_BOOTSTRAP / DATABASE_URL say otherwise),
 creates the catalogue's topics, applies migrations, then runs every service that exists
-(`services/<name>/__main__.py`) as its own process, restarting one that dies. A state file lets
-`cachemesh status` find every component. Ctrl-C stops services first, then Postgres, then the broker.
+(`services/<name>/__main__.py`) as its own process on its fixed metrics port, its output kept as JSON
+lines in its log, restarting one that dies. A state file lets `cachemesh status` find every component.
+Ctrl-C stops services first, then Postgres, then the broker.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ import aiohttp
 from pydantic import SecretStr
 
 from infra.brokers import Broker, broker_from_env
-from infra.paths import cache_dir, free_port
+from infra.paths import cache_dir, free_port, port_is_free
 from infra.postgres import Postgres, postgres_from_env
 from infra.process import ServerProcess
+from infra.service_log import json_lines_for
 from infra.topics import ensure_topics
 from services.runtime.postgres import Database, apply_migrations, redact_dsn
 from services.runtime.settings import PostgresSettings
@@ -39,6 +41,42 @@ NOT_SERVICES = {"runtime"}
 # Services started by default only once configured (any of these variables set): the vLLM bridge has
 # nothing to listen to without an engine's endpoint. Named with --service they always start.
 OPT_IN_SERVICES = {"bridge": ("CACHEMESH_BRIDGE_ENDPOINT", "CACHEMESH_BRIDGE_PUBLISHERS")}
+# Each service's metrics port (/metrics, /healthz) under `cachemesh up`, fixed so that a scrape config
+# can name it (deploy/prometheus.yml lists these): a block of cachemesh's own 87xx range, clear of the
+# tier node's API and block ports (8700, 8701), the gateway (8780) and the dashboard page (8790).
+# CACHEMESH_<SERVICE>_METRICS_PORT overrides one; a default found taken falls back to a free port.
+METRICS_PORTS = {
+    "bridge": 8710,
+    "dashboard": 8711,
+    "gateway": 8712,
+    "heat": 8713,
+    "invalidation": 8714,
+    "streams": 8715,
+    "tiers": 8716,
+    "warmup": 8717,
+}
+
+
+def metrics_port_env(name: str) -> str:
+    return f"CACHEMESH_{name.upper()}_METRICS_PORT"
+
+
+def metrics_port_for(
+    name: str,
+    env: dict[str, str],
+    is_free: Callable[[int], bool] = port_is_free,
+    pick_free: Callable[[], int] = free_port,
+) -> tuple[int, str]:
+    """The metrics port a service gets, and where it came from: `env` (the variable; 0 there picks a
+    free one), `default` (METRICS_PORTS), or `fallback` (the default was taken, or there is none)."""
+    configured = env.get(metrics_port_env(name), "").strip()
+    if configured:
+        port = int(configured)
+        return (port or pick_free()), "env"
+    default = METRICS_PORTS.get(name)
+    if default is not None and is_free(default):
+        return default, "default"
+    return pick_free(), "fallback"
 
 
 def run_dir() -> Path:
@@ -88,6 +126,7 @@ class ServiceProcess:
     env: dict[str, str]
     log_path: Path
     metrics_port: int
+    metrics_port_source: str = "default"
     proc: ServerProcess | None = None
     restarts: int = 0
     started_at: float = 0.0
@@ -105,6 +144,7 @@ class ServiceProcess:
             log_path=self.log_path,
             env=self.env,
             cwd=REPO_ROOT,
+            line_filter=json_lines_for(self.name),
         )
         self.started_at = time.monotonic()
         self.detail = f"pid {self.proc.pid}"
@@ -138,6 +178,8 @@ class Mesh:
     namespace: str = ""
     services: list[ServiceProcess] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    # What a person starting the mesh should read once it is up (a metrics port that moved).
+    notices: list[str] = field(default_factory=list)
 
     async def up(self, on_progress: Callable[[str], None] = lambda _: None) -> None:
         began = time.monotonic()
@@ -159,16 +201,21 @@ class Mesh:
         logs = run_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for name in self.service_names:
-            port = free_port()
+            port, source = metrics_port_for(name, dict(os.environ))
+            if source == "fallback":
+                self.notices.append(
+                    f"{name}: metrics port {METRICS_PORTS.get(name)} is taken, using {port} "
+                    "(deploy/prometheus.yml finds it after `python -m deploy.targets`)"
+                )
             env = {
                 **os.environ,
                 "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])),
                 "KAFKA_BOOTSTRAP": self.broker.bootstrap,
                 "KAFKA_TOPIC_NAMESPACE": self.namespace,
                 "DATABASE_URL": self.postgres.dsn,
-                f"CACHEMESH_{name.upper()}_METRICS_PORT": str(port),
+                metrics_port_env(name): str(port),
             }
-            service = ServiceProcess(name, env, logs / f"{name}.log", port)
+            service = ServiceProcess(name, env, logs / f"{name}.log", port, source)
             service.start()
             self.services.append(service)
         self.write_state()
@@ -192,7 +239,8 @@ class Mesh:
         for s in self.services:
             state = "healthy" if s.healthy else ("starting" if s.proc and s.proc.is_alive() else "down")
             extra = f" restarts={s.restarts}" if s.restarts else ""
-            rows.append((s.name, state, f"{s.detail} metrics :{s.metrics_port}{extra}"))
+            moved = "" if s.metrics_port_source == "default" else f" ({s.metrics_port_source})"
+            rows.append((s.name, state, f"{s.detail} metrics :{s.metrics_port}{moved}{extra}"))
         return rows
 
     def write_state(self) -> None:
@@ -205,7 +253,15 @@ class Mesh:
             "postgres": {"dsn": raw if redact_dsn(raw) == raw else None, "dsn_redacted": redact_dsn(raw)},
             "namespace": self.namespace,
             "services": [
-                {"name": s.name, "health_url": s.health_url, "log": str(s.log_path)} for s in self.services
+                {
+                    "name": s.name,
+                    "health_url": s.health_url,
+                    "log": str(s.log_path),
+                    "metrics_port": s.metrics_port,
+                    # default (deploy/prometheus.yml names it), env or fallback (deploy.targets does)
+                    "metrics_port_source": s.metrics_port_source,
+                }
+                for s in self.services
             ],
         }
         path = state_path()

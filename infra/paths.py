@@ -32,6 +32,18 @@ def free_port(host: str = LOOPBACK) -> int:
         return port
 
 
+def port_is_free(port: int, host: str = LOOPBACK) -> bool:
+    """Whether `port` can be bound on `host` now, as the services' servers bind (SO_REUSEADDR, so a
+    port left in TIME_WAIT by the previous run counts as free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 SHARED_DATA_ENV = "CACHEMESH_SHARED_DATA"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 

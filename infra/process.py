@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import IO, Any, Self
 
 from infra.paths import free_port
 
@@ -117,7 +117,11 @@ def _pid_alive(pid: int) -> bool:
 
 
 class ServerProcess:
-    """One running server: in its own session, tied to our life by PR_SET_PDEATHSIG, its output in a log."""
+    """One running server: in its own session, tied to our life by PR_SET_PDEATHSIG, its output in a log.
+
+    With a `line_filter` the output goes through a pipe instead, and a thread writes each line as the
+    filter returns it (services: JSON lines whatever they print, see infra/service_log.py).
+    """
 
     def __init__(
         self,
@@ -128,10 +132,12 @@ class ServerProcess:
         cwd: Path | None = None,
         user: str | None = None,
         stop_signal: int = signal.SIGTERM,
+        line_filter: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self.log_path = log_path
         self._stop_signal = stop_signal
         self._reaped = False
+        self._pump: threading.Thread | None = None
         kwargs: dict[str, Any] = {}
         if user is not None:
             import pwd
@@ -144,7 +150,7 @@ class ServerProcess:
                 lambda: subprocess.Popen(
                     list(args),
                     stdin=subprocess.DEVNULL,
-                    stdout=log,
+                    stdout=log if line_filter is None else subprocess.PIPE,
                     stderr=subprocess.STDOUT,
                     env=dict(env) if env is not None else None,
                     cwd=cwd,
@@ -153,6 +159,15 @@ class ServerProcess:
                     **kwargs,
                 )
             )
+        if line_filter is not None:
+            assert self._popen.stdout is not None
+            self._pump = threading.Thread(
+                target=_pump_lines,
+                args=(self._popen.stdout, log_path, line_filter),
+                name=f"log {log_path.name}",
+                daemon=True,
+            )
+            self._pump.start()
 
     @property
     def pid(self) -> int:
@@ -186,6 +201,9 @@ class ServerProcess:
             os.killpg(self.pid, signal.SIGKILL)
         self._popen.wait()
         self._reaped = True
+        if self._pump is not None:
+            # The group is gone, so the pipe is at its end: what was written last (at exit) lands.
+            self._pump.join(timeout=5.0)
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -196,6 +214,21 @@ class ServerProcess:
         except OSError as exc:
             return f"(no log at {self.log_path}: {exc})"
         return "\n".join(text.splitlines()[-lines:])
+
+
+def _pump_lines(pipe: IO[bytes], log_path: Path, line_filter: Callable[[bytes], bytes]) -> None:
+    """Copies the child's output into its log a line at a time, through `line_filter`, until the pipe
+    closes (the child and everything that inherited its output have exited)."""
+    with pipe, open(log_path, "ab") as log:
+        for raw in iter(lambda: pipe.readline(_MAX_LINE_BYTES), b""):
+            out = line_filter(raw)
+            if out:
+                log.write(out)
+                log.flush()  # `tail -f` and a crash report see it at once
+
+
+# A longer line (a runaway print) is cut into records of this size rather than held in memory.
+_MAX_LINE_BYTES = 1 << 20
 
 
 class ManagedServer(abc.ABC):

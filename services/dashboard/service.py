@@ -1,7 +1,7 @@
 """The dashboard service: tails the records topics (windows, drift, heat, warmup, invalidation, tier
-status) into a `Board`, samples every tier node's `/v1/stats`, and serves one page that draws them
-(`/dashboard/`, its JSON at `/dashboard/api/snapshot`) on `http_port` (8790) and on its metrics port.
-Works offline: the chart library (uPlot) is a file in `static/`."""
+status; in no consumer group, see tail.py) into a `Board`, samples every tier node's `/v1/stats`, and
+serves one page that draws them (`/dashboard/`, its JSON at `/dashboard/api/snapshot`) on `http_port`
+(8790) and on its metrics port. Works offline: the chart library (uPlot) is a file in `static/`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -28,7 +27,7 @@ from schemas.events import (
 )
 from services.dashboard.board import Board
 from services.dashboard.settings import DashboardSettings
-from services.runtime.kafka import Delivery
+from services.dashboard.tail import RecordsTail
 from services.runtime.metrics import MetricsServer
 from services.runtime.service import Loop, Service
 
@@ -65,15 +64,18 @@ class DashboardService(Service):
         # health URL of a launcher-started tiers service -> its API base URL
         self._api_of: dict[str, str] = {}
         self.page_server: MetricsServer | None = None
+        self.tail: RecordsTail | None = None
 
     async def open(self, stack: AsyncExitStack) -> None:
         s = self.dashboard_settings
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=s.request_timeout_s))
         stack.push_async_callback(self._session.close)
-        publisher = await self.open_publisher(stack)
-        # A group of its own per run, from the log end: the page shows what happens from now on.
-        group = f"dashboard-{s.node_id}-{uuid.uuid4().hex[:8]}"
-        await self.open_consumer(stack, TOPICS, group, self._handle, publisher, auto_offset_reset="latest")
+        # No consumer group, from the log end: the page shows what happens from now on, and a run
+        # leaves nothing behind on the broker.
+        tail = RecordsTail(s.kafka, TOPICS, self.board.observe, client_id=f"{self.name}-{s.node_id}")
+        await tail.start()
+        stack.push_async_callback(tail.stop)
+        self.tail = tail
         if s.http_port is not None:
             page = MetricsServer(s.http_host, s.http_port, self.health, self.routes())
             await page.start()
@@ -81,7 +83,10 @@ class DashboardService(Service):
             self.page_server = page
 
     def loops(self) -> list[Loop]:
-        return [self._sample_loop]
+        loops: list[Loop] = [self._sample_loop]
+        if self.tail is not None:
+            loops.append(self.tail.run)
+        return loops
 
     def routes(self) -> Sequence[web.AbstractRouteDef]:
         return [
@@ -95,15 +100,15 @@ class DashboardService(Service):
     async def checks(self) -> dict[str, Any]:
         page = self.page_server
         url = f"http://{self.dashboard_settings.http_host}:{page.port}/dashboard/" if page else None
+        tail = self.tail.health() if self.tail is not None else {"running": False}
         return {
             "url": url,
             "samples": self.samples,
             "tiers": self.tiers_seen,
             "totals": dict(self.board.totals),
+            "records": tail,
+            "reading": bool(tail["running"]),
         }
-
-    async def _handle(self, delivery: Delivery) -> None:
-        self.board.observe(delivery.event)
 
     async def _sample_loop(self) -> None:
         interval = self.dashboard_settings.poll_interval_ms / 1000

@@ -27,8 +27,8 @@ class DashboardSettings(ServiceSettings):
     # Tier node API base URLs ("http://127.0.0.1:8700,..."); empty: found through the state file.
     tiers_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     state_file: Path = Field(default_factory=default_state_file)
-    # A port people can remember for the page (the launcher gives the metrics port a free one; the page
-    # is served there too). 0 picks a free port, None serves it on the metrics port only.
+    # A port people can remember for the page (it is served on the metrics port too, 8711 under the
+    # launcher). 0 picks a free port, None serves it on the metrics port only.
     http_host: str = "127.0.0.1"
     http_port: Annotated[int, Field(ge=0, le=65535)] | None = 8790
     poll_interval_ms: Annotated[int, Field(gt=0)] = 1_000
