@@ -34,7 +34,8 @@ NO_GAP = -1
 
 
 class EntryTable:
-    """Fixed-size slot arrays for resident entries; a slot is reused after its entry leaves."""
+    """Fixed-size slot arrays for resident entries; a slot is reused after its entry leaves. Slot
+    numbers, counts and conversation numbers are 32-bit; ticks and times 64-bit."""
 
     def __init__(self, slots: int, capacity: int) -> None:
         self.slots = slots
@@ -45,17 +46,17 @@ class EntryTable:
         self.last_tick = np.zeros(slots, dtype=np.int64)
         self.gap = np.full(slots, NO_GAP, dtype=np.int64)
         self.freq = np.zeros(slots, dtype=np.float32)
-        self.freq_epoch = np.zeros(slots, dtype=np.int64)  # sketch resets when `freq` was read
+        self.freq_epoch = np.zeros(slots, dtype=np.int32)  # sketch resets when `freq` was read
         self.hits = np.zeros(slots, dtype=np.float32)
         self.attention = np.zeros(slots, dtype=np.float32)
         self.has_attention = np.zeros(slots, dtype=bool)
-        self.size = np.ones(slots, dtype=np.int64)
+        self.size = np.ones(slots, dtype=np.int32)
         self.inserted_ms = np.zeros(slots, dtype=np.int64)
         self.ttl_ms = np.zeros(slots, dtype=np.int64)
-        self.trace = np.full(slots, -1, dtype=np.int64)
-        self.depth = np.zeros(slots, dtype=np.int64)
-        self.parent = np.full(slots, -1, dtype=np.int64)
-        self.children = np.zeros(slots, dtype=np.int64)
+        self.trace = np.full(slots, -1, dtype=np.int32)
+        self.depth = np.zeros(slots, dtype=np.int32)
+        self.parent = np.full(slots, -1, dtype=np.int32)
+        self.children = np.zeros(slots, dtype=np.int32)
         self.cluster = np.full(slots, -1, dtype=np.int64)
         self.distance = np.zeros(slots, dtype=np.float32)
         self.neighbour = np.zeros(slots, dtype=np.float32)

@@ -3,9 +3,11 @@ score for every entry, and the mesh's lifecycle signals.
 
 Seed §1.2, DESIGN §1/§3. How a miss is decided:
 1. Experts (`panel.py`): LIRS, LRU, ARC, W-TinyLFU and the heat frame (`frame.py`: W-TinyLFU whose
-   victims the heat model picks, the AI expert) are simulated side by side at the real capacity on
-   the same accesses. Pairwise hit evidence picks the leader: LIRS until another expert wins
-   significantly (with no evidence yet, scan resistance is the safer bet).
+   victims the heat model picks, the AI expert) are simulated side by side on the same accesses, as
+   miniatures on a 1/`shadow_sample` (8) spatial sample of the keys at that fraction of the capacity
+   (full-size below 64 entries a miniature); the leader also runs full-size and drives. Pairwise hit
+   evidence picks the leader: LIRS until another expert wins significantly (with no evidence yet,
+   scan resistance is the safer bet).
 2. Admission: a missed key is cached when the leader cached it (an expert that bypasses a key makes
    the cache bypass it too). A key enters only on its own miss: nothing is prefetched.
 3. Victim: entries of ended conversations and expired entries first; then the keys this cache holds
@@ -36,8 +38,7 @@ With `experts=()` there is no panel: the victim is always the coldest leaf by he
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -48,29 +49,18 @@ from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import LeafQueue
 from policies.learned.features import N_FEATURES, EntryTable
 from policies.learned.frame import HeatFrame, prior_heat
-from policies.learned.panel import EXPERTS, ExpertPanel
+from policies.learned.ghosts import GhostTable
+from policies.learned.panel import EXPERTS, ExpertPanel, SketchedFactory
 from policies.learned.scorer import HeatScorer, ReuseLabeler
+from policies.learned.signals import MeshSignals
 
-Decision = Literal["keep", "evict", "keep-alive"]
 FRAME = "heat-frame"
 DEFAULT_EXPERTS = (*EXPERTS, FRAME)
-_EXPIRED = -2.0
-_ENDED = -1.0
 # Up to this many foreign keys the coldest is found in Python; beyond, with one numpy pass.
 _SMALL_FOREIGN = 32
 
 
-@dataclass(frozen=True, slots=True)
-class HeatScore:
-    """One entry's current heat, for publishing `heat.scores.v1`."""
-
-    key: Hashable
-    score: float
-    cluster: int | None
-    decision: Decision
-
-
-class HeatPolicy(Policy):
+class HeatPolicy(MeshSignals, Policy):
     name = "heat"
     size_aware = True
     prefix_aware = True
@@ -95,6 +85,7 @@ class HeatPolicy(Policy):
         evict_below: float = 0.1,
         scorer: Literal["auto", "model", "prior"] = "auto",
         prior_recency: float = 0.5,
+        shadow_sample: int = 8,
     ) -> None:
         super().__init__(capacity)
         self.rescore_ms = rescore_ms
@@ -114,15 +105,19 @@ class HeatPolicy(Policy):
         self._lambda = 1.0 / (chain_half_life * capacity)
         self.sketch = FrequencySketch(capacity, seed=seed)
         self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed)
-        # The experts that count frequencies share this cache's sketch: it hears the same accesses.
-        built: dict[str, Policy] = {}
-        if "wtinylfu" in experts:
-            built["wtinylfu"] = WTinyLFU(capacity, seed=seed, sketch=self.sketch)
-        self._frame: HeatFrame | None = None
-        if FRAME in experts:
-            self._frame = HeatFrame(capacity, self.sketch, self._frame_heat, seed=seed)
-            built[FRAME] = self._frame
-        self.panel = ExpertPanel(capacity, experts, built=built, seed=seed) if experts else None
+        # The full-size experts that count frequencies share this cache's sketch (it hears the same
+        # accesses); the miniatures share one of their own (`shadow_sample`: see `panel.py`).
+        sketched: dict[str, SketchedFactory] = {
+            "wtinylfu": lambda c, sketch: WTinyLFU(c, seed=seed, sketch=sketch),
+            FRAME: lambda c, sketch: HeatFrame(c, sketch, self._frame_heat, seed=seed),
+        }
+        self.panel = (
+            ExpertPanel(
+                capacity, experts, sketched=sketched, sketch=self.sketch, seed=seed, sample=shadow_sample
+            )
+            if experts
+            else None
+        )
         self.labeler = ReuseLabeler(self.horizon)
         slots = capacity + 1  # one spare: a newcomer is staged in a slot before room is made
         self.table = EntryTable(slots, capacity)
@@ -142,9 +137,9 @@ class HeatPolicy(Policy):
         self._trace_ids: dict[str, int] = {}
         self._ended: set[int] = set()
         self._pending_attention: OrderedDict[Hashable, float] = OrderedDict()
-        # Last access and CRF of recently evicted keys (4 capacities of them), so a returning key
-        # keeps its inter-access gap and its history.
-        self._ghost: OrderedDict[Hashable, tuple[int, float]] = OrderedDict()
+        # Last access and CRF of recently evicted keys (about 4 capacities of them), so a returning
+        # key keeps its inter-access gap and its history.
+        self._ghost = GhostTable(4 * capacity)
         self._one_cache: dict[tuple[float, ...], float] = {}
         self._rng = np.random.default_rng(seed)
         self._checked: dict[int, int] = {}  # challenger -> tick its migration cost was last weighed
@@ -265,89 +260,21 @@ class HeatPolicy(Policy):
                 if last is not None and self._tick - last < recheck:
                     continue
                 self._checked[challenger] = self._tick
-                shadow = panel.shadows[challenger]
-                net = lead - self.migration_cost * sum(1 for k in self._slot if k not in shadow)
+                net = lead - self.migration_cost * panel.missing(challenger, self._slot)
             if net > best_net:
                 best, best_net = challenger, net
         if best < 0:
             return
-        panel.follow(best)
+        panel.follow(best, self._oldest_first() if panel.sample > 1 else (), self._now_ms)
         self._checked.clear()
-        shadow = panel.shadows[best]
-        self._foreign = {s: None for k, s in self._slot.items() if k not in shadow}
+        holds = panel.holds
+        self._foreign = {s: None for k, s in self._slot.items() if not holds(k)}
 
-    # -- signals from the mesh (kv.events, context.lifecycle, clusters) ----------------------
-
-    def observe_attention_heat(self, key: Hashable, heat: float) -> None:
-        """Attention-head heat reported for `key` (kv.events.v1), in [0, 1]."""
-        heat = min(max(float(heat), 0.0), 1.0)
-        s = self._slot.get(key)
-        if s is None:
-            self._pending_attention[key] = heat
-            self._pending_attention.move_to_end(key)
-            if len(self._pending_attention) > self.capacity:
-                self._pending_attention.popitem(last=False)
-            return
-        self.table.attention[s] = heat
-        self.table.has_attention[s] = True
-
-    def observe_cluster(self, key: Hashable, cluster: int, distance: float = 0.0) -> None:
-        """Semantic cluster of `key` and its (cosine) distance to the cluster centre."""
-        s = self._slot.get(key)
-        if s is not None:
-            self.table.cluster[s] = cluster
-            self.table.distance[s] = distance
-
-    def end_trace(self, trace_id: str, now_ms: int, evict: bool = True) -> list[Eviction]:
-        """The conversation `trace_id` ended (context.lifecycle.v1). Its entries are evicted now,
-        leaves first (a block still parenting another trace's block stays, first in line), or with
-        `evict=False` only moved to the front of the eviction order."""
-        tid = self._trace_ids.get(trace_id)
-        if tid is None:
-            return []
-        self._ended.add(tid)
+    def _oldest_first(self) -> list[Hashable]:
+        """The resident keys, least recently heard first (how a new driver is handed them)."""
         t = self.table
-        members = np.nonzero(t.used & (t.trace == tid))[0]
-        evicted: list[Eviction] = []
-        for s in members[np.argsort(-t.depth[members], kind="stable")].tolist():
-            if evict and t.children[s] == 0:
-                evicted.append(self._evict_one(s, "context_ended"))
-            else:
-                self._doom(s, "context_ended")
-        return evicted
-
-    def expire(self, now_ms: int) -> list[Eviction]:
-        """Evict every entry whose TTL has run out by `now_ms` (leaves first)."""
-        t = self.table
-        dead = np.nonzero(t.used & (t.ttl_ms > 0) & (now_ms - t.inserted_ms >= t.ttl_ms))[0]
-        out = []
-        for s in dead[np.argsort(-t.depth[dead], kind="stable")].tolist():
-            if t.children[s] == 0:
-                out.append(self._evict_one(s, "expired"))
-            else:
-                self._doom(s, "expired")
-        return out
-
-    def heat(self, key: Hashable) -> float | None:
-        """The current effective heat of a resident key (None if not resident)."""
-        s = self._slot.get(key)
-        return None if s is None else max(float(self.eff[s]), 0.0)
-
-    def scores(self) -> Iterator[HeatScore]:
-        """Current heat and decision per resident key: `evict` when colder than `evict_below` (or
-        bound to an ended trace / expired), `keep-alive` when only a hot neighbour or a resident
-        prefix child keeps it, `keep` otherwise."""
-        t = self.table
-        for key, s in self._slot.items():
-            eff, raw = float(self.eff[s]), float(self.raw[s])
-            if eff < self.evict_below and t.children[s] == 0:
-                decision: Decision = "evict"
-            elif raw < self.evict_below:
-                decision = "keep-alive"
-            else:
-                decision = "keep"
-            cluster = int(t.cluster[s])
-            yield HeatScore(key, max(eff, 0.0), None if cluster < 0 else cluster, decision)
+        idx = np.nonzero(t.used)[0]
+        return [self._keys[s] for s in idx[np.argsort(t.last_tick[idx], kind="stable")].tolist()]
 
     @property
     def model_active(self) -> bool:
@@ -371,8 +298,9 @@ class HeatPolicy(Policy):
         self.labeler.expire(self._tick, self.scorer)
         if self.learning and self.scorer.train(self.train_steps) is not None:
             self._one_cache.clear()
-            if self._frame is not None:
-                self._frame.invalidate()
+            for expert in self.panel.shadows if self.panel is not None else ():
+                if isinstance(expert, HeatFrame):
+                    expert.invalidate()
         self._score_all(now)
 
     def _score_all(self, now: int) -> None:
@@ -448,7 +376,6 @@ class HeatPolicy(Policy):
         recency-frequency, so the panel (whose experts know no chains) retires."""
         self._prefix_mode = True
         self.panel = None
-        self._frame = None
         self._foreign.clear()
         t = self.table
         for s in np.nonzero(t.used & (t.children == 0))[0].tolist():
@@ -482,10 +409,6 @@ class HeatPolicy(Policy):
                         out.append(self._evict_one(m, "cold_cluster"))
                 return out
         return [self._evict_one(v, "capacity")]
-
-    def _doom(self, s: int, reason: EvictionReason) -> None:
-        self._doomed[s] = reason
-        self.eff[s] = _ENDED if reason == "context_ended" else _EXPIRED
 
     # -- scoring ---------------------------------------------------------------------------------
 
@@ -524,15 +447,14 @@ class HeatPolicy(Policy):
     # -- slot bookkeeping ------------------------------------------------------------------------
 
     def _stage(self, key: Hashable, size: int, parent: int, meta: AccessMeta | None) -> int:
-        s = self._free.pop()
+        s = self._free.pop()  # free slots are reset when they are released
         t = self.table
-        t.reset_slot(s)
         t.last_tick[s] = self._tick
         t.inserted_ms[s] = self._now_ms
         t.size[s] = size
         t.freq[s] = self.sketch.frequency(key)
         t.freq_epoch[s] = self.sketch.resets
-        ghost = self._ghost.pop(key, None)
+        ghost = self._ghost.pop(key)
         if ghost is None:
             self.crf[s] = 1.0
         else:
@@ -570,9 +492,7 @@ class HeatPolicy(Policy):
 
     def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
         key = self._keys[s]
-        self._ghost[key] = (int(self.table.last_tick[s]), float(self.crf[s]))
-        if len(self._ghost) > 4 * self.capacity:
-            self._ghost.popitem(last=False)
+        self._ghost.put(key, int(self.table.last_tick[s]), float(self.crf[s]))
         self._release(s)
         return Eviction(key, reason)
 
