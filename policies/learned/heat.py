@@ -86,9 +86,13 @@ class HeatPolicy(MeshSignals, Policy):
         scorer: Literal["auto", "model", "prior"] = "auto",
         prior_recency: float = 0.5,
         shadow_sample: int = 8,
+        rescore_accesses: int | None = None,
     ) -> None:
         super().__init__(capacity)
         self.rescore_ms = rescore_ms
+        # ... but no more often than every `rescore_accesses` (capacity / 8) accesses: a batch
+        # re-score costs the whole cache, so this bounds it at 8 entries' worth per access.
+        self.rescore_accesses = capacity // 8 if rescore_accesses is None else rescore_accesses
         self.horizon = horizon if horizon is not None else max(4 * capacity, 256)
         self.sample_per_rescore = sample_per_rescore
         self.candidate_sample_rate = candidate_sample_rate
@@ -134,6 +138,8 @@ class HeatPolicy(MeshSignals, Policy):
         self._tick = 0
         self._now_ms = 0
         self._last_rescore_ms: int | None = None
+        self._last_rescore_tick = 0
+        self._unscored: dict[int, None] = {}  # newcomers not scored yet
         self._trace_ids: dict[str, int] = {}
         self._ended: set[int] = set()
         self._pending_attention: OrderedDict[Hashable, float] = OrderedDict()
@@ -214,7 +220,8 @@ class HeatPolicy(MeshSignals, Policy):
                 return [*evicted, Eviction(key, "rejected")]
             evicted.extend(self._evict(v))
         self._commit(s, key)
-        self._set_heat(s, self._score_one(s, key))
+        self._sample_newcomer(s, key)
+        self._unscored[s] = None  # scored when its heat is first compared (or by the next batch)
         if bypassed:
             self._foreign[s] = None
         if self._prefix_mode:
@@ -294,6 +301,7 @@ class HeatPolicy(MeshSignals, Policy):
         """Learn from the labels that came due, then score every resident entry in one batch."""
         now = self._now_ms if now_ms is None else now_ms
         self._last_rescore_ms = now
+        self._last_rescore_tick = self._tick
         self.rescores += 1
         self.labeler.expire(self._tick, self.scorer)
         if self.learning and self.scorer.train(self.train_steps) is not None:
@@ -305,6 +313,7 @@ class HeatPolicy(MeshSignals, Policy):
 
     def _score_all(self, now: int) -> None:
         t = self.table
+        self._unscored.clear()  # every resident entry is scored here
         idx = np.nonzero(t.used)[0]
         if len(idx) == 0:
             return
@@ -356,6 +365,8 @@ class HeatPolicy(MeshSignals, Policy):
         foreign = self._foreign
         if foreign:
             if len(foreign) <= _SMALL_FOREIGN:
+                if len(foreign) > 1:
+                    self._fresh(list(foreign))
                 eff = self.eff
                 best, best_heat = -1, np.inf
                 for s in foreign:
@@ -389,6 +400,7 @@ class HeatPolicy(MeshSignals, Policy):
             mask[exclude] = False
         if not mask.any():
             return -1
+        self._fresh_all()
         return int(np.where(mask, self.eff, np.inf).argmin())
 
     def _heard(self, key: Hashable) -> None:
@@ -402,6 +414,7 @@ class HeatPolicy(MeshSignals, Policy):
         if cluster >= 0:
             t = self.table
             members = np.nonzero(t.used & (t.cluster == cluster))[0]
+            self._fresh(members.tolist())
             if float(self.raw[members].max()) < self.cold_cluster:
                 out = [self._evict_one(v, "cold_cluster")]
                 for m in members[np.argsort(-t.depth[members], kind="stable")].tolist():
@@ -415,18 +428,41 @@ class HeatPolicy(MeshSignals, Policy):
     def _frame_heat(self, x: np.ndarray) -> np.ndarray:
         return self.scorer.score(x) if self.model_active else prior_heat(x, self.prior_recency)
 
-    def _score_one(self, s: int, key: Hashable) -> float:
-        """Heat of one entry, e.g. a newcomer until the next batch re-score."""
+    def _features_one(self, s: int) -> tuple[float, ...]:
         t = self.table
         tid = int(t.trace[s])
         alive = tid < 0 or tid not in self._ended
-        feats = t.features_one(s, self._tick, self._now_ms, alive, self.sketch.resets)
+        return t.features_one(s, self._tick, self._now_ms, alive, self.sketch.resets)
+
+    def _sample_newcomer(self, s: int, key: Hashable) -> None:
+        """A `candidate_sample_rate` share of newcomers is watched for a re-use label."""
         if self.learning and self._rng.random() < self.candidate_sample_rate:
+            feats = self._features_one(s)
             self.labeler.watch(key, np.asarray(feats, dtype=np.float32), self._tick)
+
+    def _fresh(self, slots: list[int]) -> None:
+        """Score the newcomers among `slots` that have no heat yet (a newcomer's heat is needed
+        only when it is compared: most are scored by the next batch first)."""
+        unscored = self._unscored
+        if not unscored:
+            return
+        for s in slots:
+            if s in unscored:
+                del unscored[s]
+                if s not in self._doomed:
+                    self.raw[s] = self.eff[s] = self._score_one(s)
+
+    def _fresh_all(self) -> None:
+        if self._unscored:
+            self._fresh(list(self._unscored))
+
+    def _score_one(self, s: int, key: Hashable | None = None) -> float:
+        """Heat of one entry, e.g. a newcomer until the next batch re-score (`key` is not read)."""
+        feats = self._features_one(s)
         if not self.model_active:
             return self.prior_recency * (1.0 - feats[0]) + (1.0 - self.prior_recency) * feats[2]
         # Newcomers share few distinct feature vectors; cache their scores until the next step.
-        q = tuple(round(f, 2) for f in feats)
+        q = tuple([round(f, 2) for f in feats])
         model = self._one_cache.get(q)
         if model is None:
             model = float(self.scorer.score(np.asarray([feats], dtype=np.float32))[0])
@@ -441,7 +477,11 @@ class HeatPolicy(MeshSignals, Policy):
     def _maybe_rescore(self, now_ms: int) -> None:
         if self._last_rescore_ms is None:
             self._last_rescore_ms = now_ms
-        elif now_ms - self._last_rescore_ms >= self.rescore_ms:
+            self._last_rescore_tick = self._tick
+        elif (
+            now_ms - self._last_rescore_ms >= self.rescore_ms
+            and self._tick - self._last_rescore_tick >= self.rescore_accesses
+        ):
             self.rescore(now_ms)
 
     # -- slot bookkeeping ------------------------------------------------------------------------
@@ -486,10 +526,6 @@ class HeatPolicy(MeshSignals, Policy):
         self._keys[s] = key
         self._used += int(self.table.size[s])
 
-    def _set_heat(self, s: int, heat: float) -> None:
-        if s not in self._doomed:
-            self.raw[s] = self.eff[s] = heat
-
     def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
         key = self._keys[s]
         self._ghost.put(key, int(self.table.last_tick[s]), float(self.crf[s]))
@@ -504,6 +540,7 @@ class HeatPolicy(MeshSignals, Policy):
         self._used -= int(t.size[s])
         self._doomed.pop(s, None)
         self._foreign.pop(s, None)
+        self._unscored.pop(s, None)
         parent = int(t.parent[s])
         if t.children[s] > 0:
             # Removed from outside (delete / invalidation): its children lose their parent link.

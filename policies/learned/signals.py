@@ -45,6 +45,9 @@ class MeshSignals:
     def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
         raise NotImplementedError
 
+    def _fresh_all(self) -> None:
+        """Score the newcomers that have no heat yet."""
+
     def observe_attention_heat(self, key: Hashable, heat: float) -> None:
         """Attention-head heat reported for `key` (kv.events.v1), in [0, 1]."""
         heat = min(max(float(heat), 0.0), 1.0)
@@ -98,12 +101,16 @@ class MeshSignals:
     def heat(self, key: Hashable) -> float | None:
         """The current effective heat of a resident key (None if not resident)."""
         s = self._slot.get(key)
-        return None if s is None else max(float(self.eff[s]), 0.0)
+        if s is None:
+            return None
+        self._fresh_all()
+        return max(float(self.eff[s]), 0.0)
 
     def scores(self) -> Iterator[HeatScore]:
         """Current heat and decision per resident key: `evict` when colder than `evict_below` (or
         bound to an ended trace / expired), `keep-alive` when only a hot neighbour or a resident
         prefix child keeps it, `keep` otherwise."""
+        self._fresh_all()
         t = self.table
         for key, s in self._slot.items():
             eff, raw = float(self.eff[s]), float(self.raw[s])
