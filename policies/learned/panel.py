@@ -60,9 +60,9 @@ _MIX = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 
 
-def sample_rate(capacity: int, wanted: int) -> int:
-    """The sampling factor R actually used: `wanted`, but no miniature under `MIN_MINIATURE`."""
-    return max(1, min(wanted, capacity // MIN_MINIATURE))
+def sample_rate(capacity: int, wanted: int, min_miniature: int = MIN_MINIATURE) -> int:
+    """The sampling factor R actually used: `wanted`, but no miniature under `min_miniature`."""
+    return max(1, min(wanted, capacity // max(1, min_miniature)))
 
 
 FACTORIES: dict[str, ExpertFactory] = {
@@ -93,6 +93,7 @@ class ExpertPanel:
         sketch: FrequencySketch | None = None,
         seed: int = 0,
         sample: int = 1,
+        min_miniature: int = MIN_MINIATURE,
         horizons: Sequence[float] = HORIZONS,
         sigmas: float | Sequence[float] = SIGMAS,
         min_lead: float = MIN_LEAD,
@@ -105,7 +106,7 @@ class ExpertPanel:
         self.names = list(experts)
         self.capacity = capacity
         self.seed = seed
-        self.sample = sample_rate(capacity, sample)
+        self.sample = sample_rate(capacity, sample, min_miniature)
         mini = max(1, round(capacity / self.sample))
         # A caller that shares its sketch counts it; without one the panel keeps (and counts) its own.
         self._counts = sketch is None and bool(self._sketched)
