@@ -5,7 +5,7 @@ Seed §1.2, DESIGN §1/§3. How a miss is decided:
 1. Experts (`panel.py`): LIRS, LRU, ARC, W-TinyLFU and the heat frame (`frame.py`: W-TinyLFU whose
    victims the heat model picks, the AI expert) are simulated side by side on the same accesses, as
    miniatures on a 1/`shadow_sample` (4) spatial sample of the keys at that fraction of the capacity
-   (full-size below `shadow_min` (64) entries a miniature); the leader also runs full-size and
+   (full-size below `shadow_min` (32) entries a miniature); the leader also runs full-size and
    drives. (At 1/8, sprite's small but lasting LRU lead went unseen: up to 1.4 pt lost.) Pairwise hit
    evidence picks the leader: LIRS until another expert wins significantly (with no evidence yet,
    scan resistance is the safer bet).

@@ -50,7 +50,7 @@ HORIZONS: tuple[float, ...] = (32, 512)
 SIGMAS: tuple[float, ...] = (3.0, 2.0)
 MIN_LEAD = 8.0
 
-MIN_MINIATURE = 64  # entries: a miniature simulation smaller than this is too noisy to trust
+MIN_MINIATURE = 32  # entries: a miniature simulation smaller than this is too noisy to trust
 
 ExpertFactory = Callable[[int, int], Policy]
 # Experts that count frequencies get the sketch of the accesses they hear (capacity, sketch).
