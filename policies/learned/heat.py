@@ -48,7 +48,7 @@ from policies.adaptive.wtinylfu import WTinyLFU
 from policies.admission.sketch import FrequencySketch
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import LeafQueue
-from policies.learned.features import N_FEATURES, EntryTable
+from policies.learned.features import N_FEATURES, EntryTable, view
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
 from policies.learned.panel import EXPERTS, MIN_MINIATURE, ExpertPanel, SketchedFactory
@@ -136,6 +136,8 @@ class HeatPolicy(MeshSignals, Policy):
         self.raw = np.zeros(slots, dtype=np.float32)
         self.eff = np.zeros(slots, dtype=np.float32)
         self.crf = np.zeros(slots, dtype=np.float64)  # combined recency-frequency at the last access
+        # ... and memoryviews of them for one slot at a time (see `EntryTable.v`)
+        self._raw_v, self._eff_v, self._crf_v = view(self.raw), view(self.eff), view(self.crf)
         self._leaves = LeafQueue(self.table, self.crf, self._lambda, capacity)
         self._slot: dict[Hashable, int] = {}
         self._keys: list[Hashable | None] = [None] * slots
@@ -182,16 +184,17 @@ class HeatPolicy(MeshSignals, Policy):
         self._tick += 1
         self._now_ms = now_ms
         self.sketch.increment(key)
-        t = self.table
-        last = int(t.last_tick[s])
-        t.gap[s] = self._tick - last
-        self.crf[s] = 1.0 + float(self.crf[s]) * 2.0 ** (-self._lambda * (self._tick - last))
-        t.last_tick[s] = self._tick
-        t.hits[s] += 1
-        if self._prefix_mode and t.children[s] == 0:
+        v, tick = self.table.v, self._tick
+        last = v.last_tick[s]
+        v.gap[s] = tick - last
+        crf = self._crf_v
+        crf[s] = 1.0 + crf[s] * 2.0 ** (-self._lambda * (tick - last))
+        v.last_tick[s] = tick
+        v.hits[s] += 1
+        if self._prefix_mode and v.children[s] == 0:
             self._leaves.push(s)
-        t.freq[s] = self.sketch.frequency(key)
-        t.freq_epoch[s] = self.sketch.resets
+        v.freq[s] = self.sketch.frequency(key)
+        v.freq_epoch[s] = self.sketch.resets
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         self._heard(key)
@@ -497,22 +500,23 @@ class HeatPolicy(MeshSignals, Policy):
     def _stage(self, key: Hashable, size: int, parent: int, meta: AccessMeta | None) -> int:
         s = self._free.pop()  # free slots are reset when they are released
         t = self.table
-        t.last_tick[s] = self._tick
-        t.inserted_ms[s] = self._now_ms
-        t.size[s] = size
-        t.freq[s] = self.sketch.frequency(key)
-        t.freq_epoch[s] = self.sketch.resets
+        v = t.v
+        v.last_tick[s] = self._tick
+        v.inserted_ms[s] = self._now_ms
+        v.size[s] = size
+        v.freq[s] = self.sketch.frequency(key)
+        v.freq_epoch[s] = self.sketch.resets
         ghost = self._ghost.pop(key)
         if ghost is None:
-            self.crf[s] = 1.0
+            self._crf_v[s] = 1.0
         else:
             last, crf = ghost
-            t.gap[s] = self._tick - last
-            self.crf[s] = 1.0 + crf * 2.0 ** (-self._lambda * (self._tick - last))
+            v.gap[s] = self._tick - last
+            self._crf_v[s] = 1.0 + crf * 2.0 ** (-self._lambda * (self._tick - last))
         if parent >= 0:
-            t.parent[s] = parent
-            t.depth[s] = t.depth[parent] + 1
-            t.children[parent] += 1
+            v.parent[s] = parent
+            v.depth[s] = v.depth[parent] + 1
+            v.children[parent] += 1
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         attention = self._pending_attention.pop(key, None)
@@ -529,33 +533,35 @@ class HeatPolicy(MeshSignals, Policy):
             self.table.children[parent] -= 1
 
     def _commit(self, s: int, key: Hashable) -> None:
-        self.table.used[s] = True
+        v = self.table.v
+        v.used[s] = True
         self._slot[key] = s
         self._keys[s] = key
-        self._used += int(self.table.size[s])
+        self._used += v.size[s]
 
     def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
         key = self._keys[s]
-        self._ghost.put(key, int(self.table.last_tick[s]), float(self.crf[s]))
+        self._ghost.put(key, self.table.v.last_tick[s], self._crf_v[s])
         self._release(s)
         return Eviction(key, reason)
 
     def _release(self, s: int) -> None:
         t = self.table
+        v = t.v
         key = self._keys[s]
         del self._slot[key]
         self._keys[s] = None
-        self._used -= int(t.size[s])
+        self._used -= v.size[s]
         self._doomed.pop(s, None)
         self._foreign.pop(s, None)
         self._unscored.pop(s, None)
-        parent = int(t.parent[s])
-        if t.children[s] > 0:
+        parent = v.parent[s]
+        if v.children[s] > 0:
             # Removed from outside (delete / invalidation): its children lose their parent link.
             t.parent[np.nonzero(t.used & (t.parent == s))[0]] = -1
         t.reset_slot(s)
-        self.raw[s] = self.eff[s] = 0.0
-        self.crf[s] = 0.0
+        self._raw_v[s] = self._eff_v[s] = 0.0
+        self._crf_v[s] = 0.0
         self._free.append(s)
         if parent >= 0:
             t.children[parent] -= 1
