@@ -15,6 +15,7 @@ import numpy as np
 
 _M64 = (1 << 64) - 1
 _DEPTH = 4
+POSITIONS_CACHED = 1024
 
 
 def stable_hash(key: Hashable, seed: int = 0) -> int:
@@ -49,13 +50,15 @@ class FrequencySketch:
         self.additions = 0
         self.resets = 0
         self.seed = seed
-        # The doorkeeper is a Bloom filter (2 probes, ~8 slots per sample) in front of the sketch.
+        # The doorkeeper is a Bloom filter (2 probes, ~8 bits per sample) in front of the sketch,
+        # packed 8 bits a byte.
         self._door_bits = _next_pow2(8 * self.sample_size) if doorkeeper else 0
-        self._door = bytearray(self._door_bits)
+        self._door = bytearray(max(1, self._door_bits >> 3))
         # Counter and doorkeeper positions of recently seen keys: hashing dominates the cost of a
-        # lookup, and a cache asks about the same few keys again and again. Cleared when full.
+        # lookup, and a cache asks about the same few keys again and again (one access reads its
+        # key several times). Cleared when full; a fixed size, so it costs no memory per entry.
         self._positions: dict[Hashable, tuple[int, int, int, int, int, int]] = {}
-        self._positions_max = max(1024, 2 * capacity)
+        self._positions_max = POSITIONS_CACHED
 
     def _rows(self, h: int) -> tuple[int, int, int, int]:
         m, w = self._mask, self.width
@@ -84,17 +87,20 @@ class FrequencySketch:
         a, b, c, d, x, y = self._positions_of(key)
         t = self._table
         f = min(t[a], t[b], t[c], t[d])
-        if self._door_bits and self._door[x] and self._door[y]:
-            f += 1
+        if self._door_bits:
+            door = self._door
+            if door[x >> 3] >> (x & 7) & 1 and door[y >> 3] >> (y & 7) & 1:
+                f += 1
         return f
 
     def increment(self, key: Hashable) -> None:
         a, b, c, d, x, y = self._positions_of(key)
         if self._door_bits:
             door = self._door
-            if not (door[x] and door[y]):
+            if not (door[x >> 3] >> (x & 7) & 1 and door[y >> 3] >> (y & 7) & 1):
                 # First sighting since the last reset: only the doorkeeper remembers it.
-                door[x] = door[y] = 1
+                door[x >> 3] |= 1 << (x & 7)
+                door[y >> 3] |= 1 << (y & 7)
                 self._tick()
                 return
         t = self._table
@@ -115,4 +121,4 @@ class FrequencySketch:
         self.additions //= 2
         self.resets += 1
         if self._door_bits:
-            self._door[:] = bytes(self._door_bits)
+            self._door[:] = bytes(len(self._door))

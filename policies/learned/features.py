@@ -10,6 +10,7 @@ from the previous scoring round.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,8 @@ NO_GAP = -1
 
 
 class EntryTable:
-    """Fixed-size slot arrays for resident entries; a slot is reused after its entry leaves."""
+    """Fixed-size slot arrays for resident entries; a slot is reused after its entry leaves. Slot
+    numbers, counts and conversation numbers are 32-bit; ticks and times 64-bit."""
 
     def __init__(self, slots: int, capacity: int) -> None:
         self.slots = slots
@@ -45,38 +47,42 @@ class EntryTable:
         self.last_tick = np.zeros(slots, dtype=np.int64)
         self.gap = np.full(slots, NO_GAP, dtype=np.int64)
         self.freq = np.zeros(slots, dtype=np.float32)
-        self.freq_epoch = np.zeros(slots, dtype=np.int64)  # sketch resets when `freq` was read
+        self.freq_epoch = np.zeros(slots, dtype=np.int32)  # sketch resets when `freq` was read
         self.hits = np.zeros(slots, dtype=np.float32)
         self.attention = np.zeros(slots, dtype=np.float32)
         self.has_attention = np.zeros(slots, dtype=bool)
-        self.size = np.ones(slots, dtype=np.int64)
+        self.size = np.ones(slots, dtype=np.int32)
         self.inserted_ms = np.zeros(slots, dtype=np.int64)
         self.ttl_ms = np.zeros(slots, dtype=np.int64)
-        self.trace = np.full(slots, -1, dtype=np.int64)
-        self.depth = np.zeros(slots, dtype=np.int64)
-        self.parent = np.full(slots, -1, dtype=np.int64)
-        self.children = np.zeros(slots, dtype=np.int64)
+        self.trace = np.full(slots, -1, dtype=np.int32)
+        self.depth = np.zeros(slots, dtype=np.int32)
+        self.parent = np.full(slots, -1, dtype=np.int32)
+        self.children = np.zeros(slots, dtype=np.int32)
         self.cluster = np.full(slots, -1, dtype=np.int64)
         self.distance = np.zeros(slots, dtype=np.float32)
         self.neighbour = np.zeros(slots, dtype=np.float32)
+        # The same columns as memoryviews, for one slot at a time: indexing a view reads and writes
+        # plain Python numbers, several times cheaper than a numpy scalar (the per-access path).
+        self.v = _Views(self)
 
     def reset_slot(self, s: int) -> None:
-        self.used[s] = False
-        self.gap[s] = NO_GAP
-        self.freq[s] = 0.0
-        self.freq_epoch[s] = 0
-        self.hits[s] = 0.0
-        self.attention[s] = 0.0
-        self.has_attention[s] = False
-        self.size[s] = 1
-        self.ttl_ms[s] = 0
-        self.trace[s] = -1
-        self.depth[s] = 0
-        self.parent[s] = -1
-        self.children[s] = 0
-        self.cluster[s] = -1
-        self.distance[s] = 0.0
-        self.neighbour[s] = 0.0
+        v = self.v
+        v.used[s] = False
+        v.gap[s] = NO_GAP
+        v.freq[s] = 0.0
+        v.freq_epoch[s] = 0
+        v.hits[s] = 0.0
+        v.attention[s] = 0.0
+        v.has_attention[s] = False
+        v.size[s] = 1
+        v.ttl_ms[s] = 0
+        v.trace[s] = -1
+        v.depth[s] = 0
+        v.parent[s] = -1
+        v.children[s] = 0
+        v.cluster[s] = -1
+        v.distance[s] = 0.0
+        v.neighbour[s] = 0.0
 
     def apply_meta(self, s: int, meta: AccessMeta, trace_ids: dict[str, int], now_ms: int) -> None:
         """Record what an access says about slot `s`; `trace_ids` numbers conversations."""
@@ -114,24 +120,24 @@ class EntryTable:
         self, s: int, now_tick: int, now_ms: int, alive: bool, resets: int = 0
     ) -> tuple[float, ...]:
         """`features` for one slot in plain Python (a newcomer's admission duel must be cheap)."""
-        ts = self.time_scale
-        age = max(now_tick - int(self.last_tick[s]), 0)
-        gap = int(self.gap[s])
-        ttl = int(self.ttl_ms[s])
-        ttl_left = min(max(1.0 - (now_ms - int(self.inserted_ms[s])) / ttl, 0.0), 1.0) if ttl > 0 else 1.0
+        ts, v = self.time_scale, self.v
+        age = max(now_tick - v.last_tick[s], 0)
+        gap = v.gap[s]
+        ttl = v.ttl_ms[s]
+        ttl_left = min(max(1.0 - (now_ms - v.inserted_ms[s]) / ttl, 0.0), 1.0) if ttl > 0 else 1.0
         return (
             min(math.log1p(age) / ts, 1.0),
             1.0 if gap == NO_GAP else min(math.log1p(max(gap, 0)) / ts, 1.0),
-            float(self.freq[s]) / 16.0 / 2.0 ** (resets - int(self.freq_epoch[s])),
-            min(math.log1p(float(self.hits[s])) / math.log(64.0), 1.0),
-            float(self.attention[s]),
-            1.0 if self.has_attention[s] else 0.0,
-            min(math.log1p(int(self.size[s])) / self.size_scale, 1.0),
+            v.freq[s] / 16.0 / 2.0 ** (resets - v.freq_epoch[s]),
+            min(math.log1p(v.hits[s]) / math.log(64.0), 1.0),
+            v.attention[s],
+            1.0 if v.has_attention[s] else 0.0,
+            min(math.log1p(v.size[s]) / self.size_scale, 1.0),
             ttl_left,
             1.0 if alive else 0.0,
-            min(math.log1p(int(self.depth[s])) / math.log(512.0), 1.0),
-            min(math.log1p(int(self.children[s])) / math.log(16.0), 1.0),
-            float(self.neighbour[s]),
+            min(math.log1p(v.depth[s]) / math.log(512.0), 1.0),
+            min(math.log1p(v.children[s]) / math.log(16.0), 1.0),
+            v.neighbour[s],
         )
 
     def recency_frequency(self, idx: np.ndarray, now_tick: int, resets: int = 0) -> np.ndarray:
@@ -167,3 +173,32 @@ class EntryTable:
         out[:, 10] = np.minimum(np.log1p(self.children[idx]) / math.log(16.0), 1.0)
         out[:, 11] = self.neighbour[idx]
         return out
+
+
+def view(column: np.ndarray) -> Any:
+    """A memoryview of `column` (typed loosely: typeshed's views hold ints, these hold floats too)."""
+    return column.data
+
+
+class _Views:
+    """Memoryviews over an `EntryTable`'s columns (same memory, same names)."""
+
+    def __init__(self, t: EntryTable) -> None:
+        self.used = view(t.used)
+        self.last_tick = view(t.last_tick)
+        self.gap = view(t.gap)
+        self.freq = view(t.freq)
+        self.freq_epoch = view(t.freq_epoch)
+        self.hits = view(t.hits)
+        self.attention = view(t.attention)
+        self.has_attention = view(t.has_attention)
+        self.size = view(t.size)
+        self.inserted_ms = view(t.inserted_ms)
+        self.ttl_ms = view(t.ttl_ms)
+        self.trace = view(t.trace)
+        self.depth = view(t.depth)
+        self.parent = view(t.parent)
+        self.children = view(t.children)
+        self.cluster = view(t.cluster)
+        self.distance = view(t.distance)
+        self.neighbour = view(t.neighbour)

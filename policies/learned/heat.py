@@ -3,9 +3,12 @@ score for every entry, and the mesh's lifecycle signals.
 
 Seed §1.2, DESIGN §1/§3. How a miss is decided:
 1. Experts (`panel.py`): LIRS, LRU, ARC, W-TinyLFU and the heat frame (`frame.py`: W-TinyLFU whose
-   victims the heat model picks, the AI expert) are simulated side by side at the real capacity on
-   the same accesses. Pairwise hit evidence picks the leader: LIRS until another expert wins
-   significantly (with no evidence yet, scan resistance is the safer bet).
+   victims the heat model picks, the AI expert) are simulated side by side on the same accesses, as
+   miniatures on a 1/`shadow_sample` (4) spatial sample of the keys at that fraction of the capacity
+   (full-size below `shadow_min` (32) entries a miniature); the leader also runs full-size and
+   drives. (At 1/8, sprite's small but lasting LRU lead went unseen: up to 1.4 pt lost.) Pairwise hit
+   evidence picks the leader: LIRS until another expert wins significantly (with no evidence yet,
+   scan resistance is the safer bet).
 2. Admission: a missed key is cached when the leader cached it (an expert that bypasses a key makes
    the cache bypass it too). A key enters only on its own miss: nothing is prefetched.
 3. Victim: entries of ended conversations and expired entries first; then the keys this cache holds
@@ -36,8 +39,7 @@ With `experts=()` there is no panel: the victim is always the coldest leaf by he
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Sequence
 from typing import Literal
 
 import numpy as np
@@ -46,31 +48,20 @@ from policies.adaptive.wtinylfu import WTinyLFU
 from policies.admission.sketch import FrequencySketch
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import LeafQueue
-from policies.learned.features import N_FEATURES, EntryTable
+from policies.learned.features import N_FEATURES, EntryTable, view
 from policies.learned.frame import HeatFrame, prior_heat
-from policies.learned.panel import EXPERTS, ExpertPanel
+from policies.learned.ghosts import GhostTable
+from policies.learned.panel import EXPERTS, MIN_MINIATURE, ExpertPanel, SketchedFactory
 from policies.learned.scorer import HeatScorer, ReuseLabeler
+from policies.learned.signals import MeshSignals
 
-Decision = Literal["keep", "evict", "keep-alive"]
 FRAME = "heat-frame"
 DEFAULT_EXPERTS = (*EXPERTS, FRAME)
-_EXPIRED = -2.0
-_ENDED = -1.0
 # Up to this many foreign keys the coldest is found in Python; beyond, with one numpy pass.
 _SMALL_FOREIGN = 32
 
 
-@dataclass(frozen=True, slots=True)
-class HeatScore:
-    """One entry's current heat, for publishing `heat.scores.v1`."""
-
-    key: Hashable
-    score: float
-    cluster: int | None
-    decision: Decision
-
-
-class HeatPolicy(Policy):
+class HeatPolicy(MeshSignals, Policy):
     name = "heat"
     size_aware = True
     prefix_aware = True
@@ -95,9 +86,15 @@ class HeatPolicy(Policy):
         evict_below: float = 0.1,
         scorer: Literal["auto", "model", "prior"] = "auto",
         prior_recency: float = 0.5,
+        shadow_sample: int = 4,
+        shadow_min: int = MIN_MINIATURE,
+        rescore_accesses: int | None = None,
     ) -> None:
         super().__init__(capacity)
         self.rescore_ms = rescore_ms
+        # ... but no more often than every `rescore_accesses` (capacity / 8) accesses: a batch
+        # re-score costs the whole cache, so this bounds it at 8 entries' worth per access.
+        self.rescore_accesses = capacity // 8 if rescore_accesses is None else rescore_accesses
         self.horizon = horizon if horizon is not None else max(4 * capacity, 256)
         self.sample_per_rescore = sample_per_rescore
         self.candidate_sample_rate = candidate_sample_rate
@@ -114,21 +111,33 @@ class HeatPolicy(Policy):
         self._lambda = 1.0 / (chain_half_life * capacity)
         self.sketch = FrequencySketch(capacity, seed=seed)
         self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed)
-        # The experts that count frequencies share this cache's sketch: it hears the same accesses.
-        built: dict[str, Policy] = {}
-        if "wtinylfu" in experts:
-            built["wtinylfu"] = WTinyLFU(capacity, seed=seed, sketch=self.sketch)
-        self._frame: HeatFrame | None = None
-        if FRAME in experts:
-            self._frame = HeatFrame(capacity, self.sketch, self._frame_heat, seed=seed)
-            built[FRAME] = self._frame
-        self.panel = ExpertPanel(capacity, experts, built=built, seed=seed) if experts else None
+        # The full-size experts that count frequencies share this cache's sketch (it hears the same
+        # accesses); the miniatures share one of their own (`shadow_sample`: see `panel.py`).
+        sketched: dict[str, SketchedFactory] = {
+            "wtinylfu": lambda c, sketch: WTinyLFU(c, seed=seed, sketch=sketch),
+            FRAME: lambda c, sketch: HeatFrame(c, sketch, self._frame_heat, seed=seed),
+        }
+        self.panel = (
+            ExpertPanel(
+                capacity,
+                experts,
+                sketched=sketched,
+                sketch=self.sketch,
+                seed=seed,
+                sample=shadow_sample,
+                min_miniature=shadow_min,
+            )
+            if experts
+            else None
+        )
         self.labeler = ReuseLabeler(self.horizon)
         slots = capacity + 1  # one spare: a newcomer is staged in a slot before room is made
         self.table = EntryTable(slots, capacity)
         self.raw = np.zeros(slots, dtype=np.float32)
         self.eff = np.zeros(slots, dtype=np.float32)
         self.crf = np.zeros(slots, dtype=np.float64)  # combined recency-frequency at the last access
+        # ... and memoryviews of them for one slot at a time (see `EntryTable.v`)
+        self._raw_v, self._eff_v, self._crf_v = view(self.raw), view(self.eff), view(self.crf)
         self._leaves = LeafQueue(self.table, self.crf, self._lambda, capacity)
         self._slot: dict[Hashable, int] = {}
         self._keys: list[Hashable | None] = [None] * slots
@@ -139,12 +148,14 @@ class HeatPolicy(Policy):
         self._tick = 0
         self._now_ms = 0
         self._last_rescore_ms: int | None = None
+        self._last_rescore_tick = 0
+        self._unscored: dict[int, None] = {}  # newcomers not scored yet
         self._trace_ids: dict[str, int] = {}
         self._ended: set[int] = set()
         self._pending_attention: OrderedDict[Hashable, float] = OrderedDict()
-        # Last access and CRF of recently evicted keys (4 capacities of them), so a returning key
-        # keeps its inter-access gap and its history.
-        self._ghost: OrderedDict[Hashable, tuple[int, float]] = OrderedDict()
+        # Last access and CRF of recently evicted keys (about 4 capacities of them), so a returning
+        # key keeps its inter-access gap and its history.
+        self._ghost = GhostTable(4 * capacity)
         self._one_cache: dict[tuple[float, ...], float] = {}
         self._rng = np.random.default_rng(seed)
         self._checked: dict[int, int] = {}  # challenger -> tick its migration cost was last weighed
@@ -173,16 +184,17 @@ class HeatPolicy(Policy):
         self._tick += 1
         self._now_ms = now_ms
         self.sketch.increment(key)
-        t = self.table
-        last = int(t.last_tick[s])
-        t.gap[s] = self._tick - last
-        self.crf[s] = 1.0 + float(self.crf[s]) * 2.0 ** (-self._lambda * (self._tick - last))
-        t.last_tick[s] = self._tick
-        t.hits[s] += 1
-        if self._prefix_mode and t.children[s] == 0:
+        v, tick = self.table.v, self._tick
+        last = v.last_tick[s]
+        v.gap[s] = tick - last
+        crf = self._crf_v
+        crf[s] = 1.0 + crf[s] * 2.0 ** (-self._lambda * (tick - last))
+        v.last_tick[s] = tick
+        v.hits[s] += 1
+        if self._prefix_mode and v.children[s] == 0:
             self._leaves.push(s)
-        t.freq[s] = self.sketch.frequency(key)
-        t.freq_epoch[s] = self.sketch.resets
+        v.freq[s] = self.sketch.frequency(key)
+        v.freq_epoch[s] = self.sketch.resets
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         self._heard(key)
@@ -219,7 +231,8 @@ class HeatPolicy(Policy):
                 return [*evicted, Eviction(key, "rejected")]
             evicted.extend(self._evict(v))
         self._commit(s, key)
-        self._set_heat(s, self._score_one(s, key))
+        self._sample_newcomer(s, key)
+        self._unscored[s] = None  # scored when its heat is first compared (or by the next batch)
         if bypassed:
             self._foreign[s] = None
         if self._prefix_mode:
@@ -265,89 +278,21 @@ class HeatPolicy(Policy):
                 if last is not None and self._tick - last < recheck:
                     continue
                 self._checked[challenger] = self._tick
-                shadow = panel.shadows[challenger]
-                net = lead - self.migration_cost * sum(1 for k in self._slot if k not in shadow)
+                net = lead - self.migration_cost * panel.missing(challenger, self._slot)
             if net > best_net:
                 best, best_net = challenger, net
         if best < 0:
             return
-        panel.follow(best)
+        panel.follow(best, self._oldest_first() if panel.sample > 1 else (), self._now_ms)
         self._checked.clear()
-        shadow = panel.shadows[best]
-        self._foreign = {s: None for k, s in self._slot.items() if k not in shadow}
+        holds = panel.holds
+        self._foreign = {s: None for k, s in self._slot.items() if not holds(k)}
 
-    # -- signals from the mesh (kv.events, context.lifecycle, clusters) ----------------------
-
-    def observe_attention_heat(self, key: Hashable, heat: float) -> None:
-        """Attention-head heat reported for `key` (kv.events.v1), in [0, 1]."""
-        heat = min(max(float(heat), 0.0), 1.0)
-        s = self._slot.get(key)
-        if s is None:
-            self._pending_attention[key] = heat
-            self._pending_attention.move_to_end(key)
-            if len(self._pending_attention) > self.capacity:
-                self._pending_attention.popitem(last=False)
-            return
-        self.table.attention[s] = heat
-        self.table.has_attention[s] = True
-
-    def observe_cluster(self, key: Hashable, cluster: int, distance: float = 0.0) -> None:
-        """Semantic cluster of `key` and its (cosine) distance to the cluster centre."""
-        s = self._slot.get(key)
-        if s is not None:
-            self.table.cluster[s] = cluster
-            self.table.distance[s] = distance
-
-    def end_trace(self, trace_id: str, now_ms: int, evict: bool = True) -> list[Eviction]:
-        """The conversation `trace_id` ended (context.lifecycle.v1). Its entries are evicted now,
-        leaves first (a block still parenting another trace's block stays, first in line), or with
-        `evict=False` only moved to the front of the eviction order."""
-        tid = self._trace_ids.get(trace_id)
-        if tid is None:
-            return []
-        self._ended.add(tid)
+    def _oldest_first(self) -> list[Hashable]:
+        """The resident keys, least recently heard first (how a new driver is handed them)."""
         t = self.table
-        members = np.nonzero(t.used & (t.trace == tid))[0]
-        evicted: list[Eviction] = []
-        for s in members[np.argsort(-t.depth[members], kind="stable")].tolist():
-            if evict and t.children[s] == 0:
-                evicted.append(self._evict_one(s, "context_ended"))
-            else:
-                self._doom(s, "context_ended")
-        return evicted
-
-    def expire(self, now_ms: int) -> list[Eviction]:
-        """Evict every entry whose TTL has run out by `now_ms` (leaves first)."""
-        t = self.table
-        dead = np.nonzero(t.used & (t.ttl_ms > 0) & (now_ms - t.inserted_ms >= t.ttl_ms))[0]
-        out = []
-        for s in dead[np.argsort(-t.depth[dead], kind="stable")].tolist():
-            if t.children[s] == 0:
-                out.append(self._evict_one(s, "expired"))
-            else:
-                self._doom(s, "expired")
-        return out
-
-    def heat(self, key: Hashable) -> float | None:
-        """The current effective heat of a resident key (None if not resident)."""
-        s = self._slot.get(key)
-        return None if s is None else max(float(self.eff[s]), 0.0)
-
-    def scores(self) -> Iterator[HeatScore]:
-        """Current heat and decision per resident key: `evict` when colder than `evict_below` (or
-        bound to an ended trace / expired), `keep-alive` when only a hot neighbour or a resident
-        prefix child keeps it, `keep` otherwise."""
-        t = self.table
-        for key, s in self._slot.items():
-            eff, raw = float(self.eff[s]), float(self.raw[s])
-            if eff < self.evict_below and t.children[s] == 0:
-                decision: Decision = "evict"
-            elif raw < self.evict_below:
-                decision = "keep-alive"
-            else:
-                decision = "keep"
-            cluster = int(t.cluster[s])
-            yield HeatScore(key, max(eff, 0.0), None if cluster < 0 else cluster, decision)
+        idx = np.nonzero(t.used)[0]
+        return [self._keys[s] for s in idx[np.argsort(t.last_tick[idx], kind="stable")].tolist()]
 
     @property
     def model_active(self) -> bool:
@@ -367,16 +312,19 @@ class HeatPolicy(Policy):
         """Learn from the labels that came due, then score every resident entry in one batch."""
         now = self._now_ms if now_ms is None else now_ms
         self._last_rescore_ms = now
+        self._last_rescore_tick = self._tick
         self.rescores += 1
         self.labeler.expire(self._tick, self.scorer)
         if self.learning and self.scorer.train(self.train_steps) is not None:
             self._one_cache.clear()
-            if self._frame is not None:
-                self._frame.invalidate()
+            for expert in self.panel.shadows if self.panel is not None else ():
+                if isinstance(expert, HeatFrame):
+                    expert.invalidate()
         self._score_all(now)
 
     def _score_all(self, now: int) -> None:
         t = self.table
+        self._unscored.clear()  # every resident entry is scored here
         idx = np.nonzero(t.used)[0]
         if len(idx) == 0:
             return
@@ -428,6 +376,8 @@ class HeatPolicy(Policy):
         foreign = self._foreign
         if foreign:
             if len(foreign) <= _SMALL_FOREIGN:
+                if len(foreign) > 1:
+                    self._fresh(list(foreign))
                 eff = self.eff
                 best, best_heat = -1, np.inf
                 for s in foreign:
@@ -448,7 +398,6 @@ class HeatPolicy(Policy):
         recency-frequency, so the panel (whose experts know no chains) retires."""
         self._prefix_mode = True
         self.panel = None
-        self._frame = None
         self._foreign.clear()
         t = self.table
         for s in np.nonzero(t.used & (t.children == 0))[0].tolist():
@@ -462,6 +411,7 @@ class HeatPolicy(Policy):
             mask[exclude] = False
         if not mask.any():
             return -1
+        self._fresh_all()
         return int(np.where(mask, self.eff, np.inf).argmin())
 
     def _heard(self, key: Hashable) -> None:
@@ -475,6 +425,7 @@ class HeatPolicy(Policy):
         if cluster >= 0:
             t = self.table
             members = np.nonzero(t.used & (t.cluster == cluster))[0]
+            self._fresh(members.tolist())
             if float(self.raw[members].max()) < self.cold_cluster:
                 out = [self._evict_one(v, "cold_cluster")]
                 for m in members[np.argsort(-t.depth[members], kind="stable")].tolist():
@@ -483,27 +434,46 @@ class HeatPolicy(Policy):
                 return out
         return [self._evict_one(v, "capacity")]
 
-    def _doom(self, s: int, reason: EvictionReason) -> None:
-        self._doomed[s] = reason
-        self.eff[s] = _ENDED if reason == "context_ended" else _EXPIRED
-
     # -- scoring ---------------------------------------------------------------------------------
 
     def _frame_heat(self, x: np.ndarray) -> np.ndarray:
         return self.scorer.score(x) if self.model_active else prior_heat(x, self.prior_recency)
 
-    def _score_one(self, s: int, key: Hashable) -> float:
-        """Heat of one entry, e.g. a newcomer until the next batch re-score."""
+    def _features_one(self, s: int) -> tuple[float, ...]:
         t = self.table
         tid = int(t.trace[s])
         alive = tid < 0 or tid not in self._ended
-        feats = t.features_one(s, self._tick, self._now_ms, alive, self.sketch.resets)
+        return t.features_one(s, self._tick, self._now_ms, alive, self.sketch.resets)
+
+    def _sample_newcomer(self, s: int, key: Hashable) -> None:
+        """A `candidate_sample_rate` share of newcomers is watched for a re-use label."""
         if self.learning and self._rng.random() < self.candidate_sample_rate:
+            feats = self._features_one(s)
             self.labeler.watch(key, np.asarray(feats, dtype=np.float32), self._tick)
+
+    def _fresh(self, slots: list[int]) -> None:
+        """Score the newcomers among `slots` that have no heat yet (a newcomer's heat is needed
+        only when it is compared: most are scored by the next batch first)."""
+        unscored = self._unscored
+        if not unscored:
+            return
+        for s in slots:
+            if s in unscored:
+                del unscored[s]
+                if s not in self._doomed:
+                    self.raw[s] = self.eff[s] = self._score_one(s)
+
+    def _fresh_all(self) -> None:
+        if self._unscored:
+            self._fresh(list(self._unscored))
+
+    def _score_one(self, s: int, key: Hashable | None = None) -> float:
+        """Heat of one entry, e.g. a newcomer until the next batch re-score (`key` is not read)."""
+        feats = self._features_one(s)
         if not self.model_active:
             return self.prior_recency * (1.0 - feats[0]) + (1.0 - self.prior_recency) * feats[2]
         # Newcomers share few distinct feature vectors; cache their scores until the next step.
-        q = tuple(round(f, 2) for f in feats)
+        q = tuple([round(f, 2) for f in feats])
         model = self._one_cache.get(q)
         if model is None:
             model = float(self.scorer.score(np.asarray([feats], dtype=np.float32))[0])
@@ -518,31 +488,35 @@ class HeatPolicy(Policy):
     def _maybe_rescore(self, now_ms: int) -> None:
         if self._last_rescore_ms is None:
             self._last_rescore_ms = now_ms
-        elif now_ms - self._last_rescore_ms >= self.rescore_ms:
+            self._last_rescore_tick = self._tick
+        elif (
+            now_ms - self._last_rescore_ms >= self.rescore_ms
+            and self._tick - self._last_rescore_tick >= self.rescore_accesses
+        ):
             self.rescore(now_ms)
 
     # -- slot bookkeeping ------------------------------------------------------------------------
 
     def _stage(self, key: Hashable, size: int, parent: int, meta: AccessMeta | None) -> int:
-        s = self._free.pop()
+        s = self._free.pop()  # free slots are reset when they are released
         t = self.table
-        t.reset_slot(s)
-        t.last_tick[s] = self._tick
-        t.inserted_ms[s] = self._now_ms
-        t.size[s] = size
-        t.freq[s] = self.sketch.frequency(key)
-        t.freq_epoch[s] = self.sketch.resets
-        ghost = self._ghost.pop(key, None)
+        v = t.v
+        v.last_tick[s] = self._tick
+        v.inserted_ms[s] = self._now_ms
+        v.size[s] = size
+        v.freq[s] = self.sketch.frequency(key)
+        v.freq_epoch[s] = self.sketch.resets
+        ghost = self._ghost.pop(key)
         if ghost is None:
-            self.crf[s] = 1.0
+            self._crf_v[s] = 1.0
         else:
             last, crf = ghost
-            t.gap[s] = self._tick - last
-            self.crf[s] = 1.0 + crf * 2.0 ** (-self._lambda * (self._tick - last))
+            v.gap[s] = self._tick - last
+            self._crf_v[s] = 1.0 + crf * 2.0 ** (-self._lambda * (self._tick - last))
         if parent >= 0:
-            t.parent[s] = parent
-            t.depth[s] = t.depth[parent] + 1
-            t.children[parent] += 1
+            v.parent[s] = parent
+            v.depth[s] = v.depth[parent] + 1
+            v.children[parent] += 1
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         attention = self._pending_attention.pop(key, None)
@@ -559,38 +533,35 @@ class HeatPolicy(Policy):
             self.table.children[parent] -= 1
 
     def _commit(self, s: int, key: Hashable) -> None:
-        self.table.used[s] = True
+        v = self.table.v
+        v.used[s] = True
         self._slot[key] = s
         self._keys[s] = key
-        self._used += int(self.table.size[s])
-
-    def _set_heat(self, s: int, heat: float) -> None:
-        if s not in self._doomed:
-            self.raw[s] = self.eff[s] = heat
+        self._used += v.size[s]
 
     def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
         key = self._keys[s]
-        self._ghost[key] = (int(self.table.last_tick[s]), float(self.crf[s]))
-        if len(self._ghost) > 4 * self.capacity:
-            self._ghost.popitem(last=False)
+        self._ghost.put(key, self.table.v.last_tick[s], self._crf_v[s])
         self._release(s)
         return Eviction(key, reason)
 
     def _release(self, s: int) -> None:
         t = self.table
+        v = t.v
         key = self._keys[s]
         del self._slot[key]
         self._keys[s] = None
-        self._used -= int(t.size[s])
+        self._used -= v.size[s]
         self._doomed.pop(s, None)
         self._foreign.pop(s, None)
-        parent = int(t.parent[s])
-        if t.children[s] > 0:
+        self._unscored.pop(s, None)
+        parent = v.parent[s]
+        if v.children[s] > 0:
             # Removed from outside (delete / invalidation): its children lose their parent link.
             t.parent[np.nonzero(t.used & (t.parent == s))[0]] = -1
         t.reset_slot(s)
-        self.raw[s] = self.eff[s] = 0.0
-        self.crf[s] = 0.0
+        self._raw_v[s] = self._eff_v[s] = 0.0
+        self._crf_v[s] = 0.0
         self._free.append(s)
         if parent >= 0:
             t.children[parent] -= 1

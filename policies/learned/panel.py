@@ -15,20 +15,30 @@ With prefix chains (KV blocks, `chained=True` for every block after the first of
 expert's hit counts only while it holds the whole prefix so far, as the replayer counts the real
 cache's hits.
 
+Miniature simulations (`sample` R > 1; Waldspurger et al., "Cache Modeling and Optimization using
+Miniature Simulations", ATC'17, after SHARDS, FAST'15): the experts that only give evidence run at
+capacity / R on the keys whose hash falls in a 1/R spatial sample (every access of a sampled key,
+none of the others), with their own frequency sketch at that size; the evidence is their hit counts.
+The expert the resident set follows (the `driver`) runs full-size on every access; when another
+expert takes the lead a full-size one of it is built and handed the resident keys, oldest first.
+R is capped so a miniature holds at least `MIN_MINIATURE` entries (below that, R = 1: full shadows,
+the leader's shadow drives).
+
 Reference: follow-the-leader over expert caches, as in ACME (Ari et al., "ACME: Adaptive Caching
 Using Multiple Experts", WDAS 2002) and Caffeine's adaptive window (miniature simulations, Einziger
-et al., Middleware 2018); here the experts are full-size and the resident set follows the leader's
-decisions instead of only borrowing a parameter.
+et al., Middleware 2018); here the resident set follows the leader's decisions instead of only
+borrowing a parameter.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 
 from policies.adaptive.arc import ARC
 from policies.adaptive.lirs import LIRS
 from policies.adaptive.wtinylfu import WTinyLFU
+from policies.admission.sketch import FrequencySketch, stable_hash
 from policies.base import Eviction, Policy
 from policies.fifo.s3fifo import S3FIFO
 from policies.fifo.sieve import SIEVE
@@ -40,8 +50,20 @@ HORIZONS: tuple[float, ...] = (32, 512)
 SIGMAS: tuple[float, ...] = (3.0, 2.0)
 MIN_LEAD = 8.0
 
+MIN_MINIATURE = 32  # entries: a miniature simulation smaller than this is too noisy to trust
+
 ExpertFactory = Callable[[int, int], Policy]
+# Experts that count frequencies get the sketch of the accesses they hear (capacity, sketch).
+SketchedFactory = Callable[[int, FrequencySketch], Policy]
 _NONE: list[Eviction] = []
+_MIX = 0x9E3779B97F4A7C15
+_M64 = (1 << 64) - 1
+
+
+def sample_rate(capacity: int, wanted: int, min_miniature: int = MIN_MINIATURE) -> int:
+    """The sampling factor R actually used: `wanted`, but no miniature under `min_miniature`."""
+    return max(1, min(wanted, capacity // max(1, min_miniature)))
+
 
 FACTORIES: dict[str, ExpertFactory] = {
     "lru": lambda capacity, seed: LRU(capacity),
@@ -58,34 +80,47 @@ FACTORIES: dict[str, ExpertFactory] = {
 
 class ExpertPanel:
     """Shadow experts and the pairwise evidence between them; `leader` indexes `names`, the first
-    expert leads until another one wins. `built` supplies experts the caller constructs itself (the
-    heat frame shares the caller's sketch and model)."""
+    expert leads until another one wins. `sketched` builds the experts that count frequencies over
+    a sketch (W-TinyLFU, the heat frame): full-size ones get `sketch` (counted by the caller before
+    each access), miniatures one of their own that the panel counts."""
 
     def __init__(
         self,
         capacity: int,
         experts: Sequence[str] = EXPERTS,
         *,
-        built: Mapping[str, Policy] | None = None,
+        sketched: Mapping[str, SketchedFactory] | None = None,
+        sketch: FrequencySketch | None = None,
         seed: int = 0,
+        sample: int = 1,
+        min_miniature: int = MIN_MINIATURE,
         horizons: Sequence[float] = HORIZONS,
         sigmas: float | Sequence[float] = SIGMAS,
         min_lead: float = MIN_LEAD,
     ) -> None:
-        built = built or {}
-        unknown = [e for e in experts if e not in FACTORIES and e not in built]
+        self._sketched = dict(sketched or {})
+        unknown = [e for e in experts if e not in FACTORIES and e not in self._sketched]
         if unknown or not experts:
-            raise ValueError(f"unknown experts {unknown}; known: {', '.join([*FACTORIES, *built])}")
+            known = ", ".join([*FACTORIES, *self._sketched])
+            raise ValueError(f"unknown experts {unknown}; known: {known}")
         self.names = list(experts)
-        self.shadows = [
-            built[name] if name in built else FACTORIES[name](capacity, seed) for name in self.names
-        ]
+        self.capacity = capacity
+        self.seed = seed
+        self.sample = sample_rate(capacity, sample, min_miniature)
+        mini = max(1, round(capacity / self.sample))
+        # A caller that shares its sketch counts it; without one the panel keeps (and counts) its own.
+        self._counts = sketch is None and bool(self._sketched)
+        self.sketch = sketch if sketch is not None else FrequencySketch(capacity if self._counts else 1)
+        # The miniatures' own sketch (R > 1), counted here on every sampled access.
+        self._mini_sketch = self.sketch if self.sample == 1 else FrequencySketch(mini, seed=seed)
+        self.minis = [self._build(name, mini, self._mini_sketch) for name in self.names]
         self.leader = 0
+        self.driver = self.minis[0] if self.sample == 1 else self._build(self.names[0], capacity, self.sketch)
         self.sigmas = [sigmas] * len(horizons) if isinstance(sigmas, int | float) else list(sigmas)
         self.min_lead = min_lead
         n = len(self.names)
         # Decay without touching every counter: each access is worth 1/decay more than the last.
-        self._decays = [1.0 - 1.0 / max(h * capacity, 512.0) for h in horizons]
+        self._decays = [1.0 - 1.0 / max(h * mini, 512.0) for h in horizons]
         self._weights = [1.0] * len(horizons)
         # _wins[h][i][j]: accesses expert i hit and j missed, decayed over horizon h
         self._wins = [[[0.0] * n for _ in range(n)] for _ in horizons]
@@ -93,27 +128,64 @@ class ExpertPanel:
         self._fresh = [True] * n
         self._all = (1 << n) - 1
         self._members = [[i for i in range(n) if mask >> i & 1] for mask in range(1 << n)]
-        self.hits = [0] * n
+        self.hits = [0] * n  # hits of each expert (of its miniature: sampled accesses, R > 1)
         self.switches = 0
         # Whether the last access was hit by some expert and missed by the leader.
         self.contested = False
+
+    def _build(self, name: str, capacity: int, sketch: FrequencySketch) -> Policy:
+        if name in self._sketched:
+            return self._sketched[name](capacity, sketch)
+        return FACTORIES[name](capacity, self.seed)
+
+    @property
+    def shadows(self) -> list[Policy]:
+        """Every expert this panel runs: the miniatures (full shadows at R = 1) and the driver."""
+        return self.minis if self.sample == 1 else [*self.minis, self.driver]
 
     @property
     def leader_name(self) -> str:
         return self.names[self.leader]
 
     def holds(self, key: Hashable) -> bool:
-        """Whether the leading expert has `key` resident."""
-        return key in self.shadows[self.leader]
+        """Whether the expert the resident set follows has `key` resident."""
+        return key in self.driver
+
+    def sampled(self, key: Hashable) -> bool:
+        """Whether `key` is in the miniatures' spatial sample (always, at R = 1)."""
+        if self.sample == 1:
+            return True
+        h = key if type(key) is int else stable_hash(key, self.seed)
+        return (((h * _MIX) & _M64) >> 32) % self.sample == 0
 
     def access(self, key: Hashable, now_ms: int, chained: bool = False) -> list[Hashable]:
-        """Replay one access in every expert; returns the keys the leader evicted (or rejected)."""
+        """Replay one access in the experts; returns the keys the driver evicted (or rejected)."""
+        if self._counts:
+            self.sketch.increment(key)
+        if self.sample == 1:
+            return self._evidence(key, now_ms, chained, True)
+        driver = self.driver
+        if key in driver:
+            driver.on_hit(key, now_ms)
+            out = _NONE
+        else:
+            out = driver.on_miss(key, now_ms)
+        if self.sampled(key):
+            self._mini_sketch.increment(key)
+            self._evidence(key, now_ms, chained, False)
+        else:
+            self.contested = False
+        return [e.key for e in out] if out else []
+
+    def _evidence(self, key: Hashable, now_ms: int, chained: bool, drives: bool) -> list[Hashable]:
+        """One access in every miniature (the leader's one drives when `drives`), and the
+        pairwise evidence it gives."""
         prefix = self._prefix
         if not chained:
             prefix[:] = self._fresh
         hits = 0  # bit i: expert i hit (within its prefix)
         leader, leader_out = self.leader, _NONE
-        for i, shadow in enumerate(self.shadows):
+        for i, shadow in enumerate(self.minis):
             if key in shadow:
                 shadow.on_hit(key, now_ms)
                 if prefix[i]:
@@ -140,7 +212,15 @@ class ExpertPanel:
             for h, w in enumerate(weights):
                 self._wins[h] = [[x / w for x in row] for row in self._wins[h]]
                 weights[h] = 1.0
-        return [e.key for e in leader_out] if leader_out else []
+        return [e.key for e in leader_out] if drives and leader_out else []
+
+    def missing(self, expert: int, resident: Iterable[Hashable]) -> float:
+        """About how many of the `resident` keys `expert` does not hold: counted in its shadow at
+        R = 1, estimated from the sampled keys missing from its miniature (times R) otherwise."""
+        shadow = self.minis[expert]
+        if self.sample == 1:
+            return float(sum(1 for k in resident if k not in shadow))
+        return float(self.sample * sum(1 for k in resident if self.sampled(k) and k not in shadow))
 
     def lead(self, i: int, j: int, horizon: int = 0) -> float:
         """Decayed count of accesses expert i hit and j missed, minus the converse."""
@@ -169,7 +249,17 @@ class ExpertPanel:
                 found.append((i, lead_i))
         return found
 
-    def follow(self, expert: int) -> None:
-        if expert != self.leader:
-            self.leader = expert
-            self.switches += 1
+    def follow(self, expert: int, resident: Iterable[Hashable] = (), now_ms: int = 0) -> None:
+        """Lead with `expert`. At R > 1 a full-size one of it is built to drive and is handed the
+        `resident` keys (oldest first), so it holds what the cache holds."""
+        if expert == self.leader:
+            return
+        self.leader = expert
+        self.switches += 1
+        if self.sample == 1:
+            self.driver = self.minis[expert]
+            return
+        self.driver = driver = self._build(self.names[expert], self.capacity, self.sketch)
+        for key in resident:
+            if key not in driver:
+                driver.on_miss(key, now_ms)

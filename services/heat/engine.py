@@ -52,6 +52,8 @@ class HeatEngine:
         self._waiting: dict[str, list[str]] = {}
         self.orphans_adopted = 0  # parked, then applied after their parent
         self.orphans_expired = 0  # parked, then applied without it
+        self.rounds = 0  # re-score rounds asked for, idle ones included
+        self.scored_events = -1  # `events_applied` at the last round that re-scored
 
     @property
     def orphans_parked(self) -> int:
@@ -158,12 +160,18 @@ class HeatEngine:
 
     def rescore(self, now_ms: int, limit: int) -> list[HeatScored]:
         """One re-score round: train on labels that came due, score everything, and return the
-        decisions that differ from what was last published (at most `limit`; evictions first)."""
-        self.policy.rescore(now_ms)
-        for score in self.policy.scores():
-            decision = _WIRE_DECISION[score.decision]
-            if self._published.get(score.key) != decision:
-                self._queue(score.key, score.score, score.cluster, decision)
+        decisions that differ from what was last published (at most `limit`; evictions first).
+        With no event since the last round nothing is re-scored or trained (an idle service stays
+        idle: the model would only take another step over the same labels); what is still queued
+        goes out."""
+        self.rounds += 1
+        if self.events_applied != self.scored_events:
+            self.scored_events = self.events_applied
+            self.policy.rescore(now_ms)
+            for score in self.policy.scores():
+                decision = _WIRE_DECISION[score.decision]
+                if self._published.get(score.key) != decision:
+                    self._queue(score.key, score.score, score.cluster, decision)
         out, self._pending = self._pending[:limit], self._pending[limit:]
         return out
 

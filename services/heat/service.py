@@ -1,6 +1,6 @@
 """The heat service: hears `cache.access.v1`, `kv.events.v1` and `context.lifecycle.v1`, re-scores
-every entry every 100 ms with the online MLP, publishes changed decisions to `heat.scores.v1`, and
-checkpoints the model to Postgres (restored at start, saved periodically and at stop)."""
+every entry every 100 ms in which events arrived (an idle service does nothing), publishes changed
+decisions to `heat.scores.v1`, and checkpoints the model to Postgres (at start, periodically, at stop)."""
 
 from __future__ import annotations
 

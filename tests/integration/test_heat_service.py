@@ -92,11 +92,13 @@ async def test_the_model_survives_a_restart(kafka, namespace, topics_on, pg_sett
         deadline = time.monotonic() + 60
         while first.engine.events_applied < len(keys) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        # A few more re-score rounds (each one trains) after the last event, counted, not slept.
-        rounds = first.engine.policy.rescores + 5
-        while first.engine.policy.rescores < rounds and time.monotonic() < deadline + 30:
+        # A few more re-score rounds after the last event, counted, not slept: the first one scores
+        # (and trains on) the last events, the idle ones after it do nothing.
+        rounds = first.engine.rounds + 5
+        while first.engine.rounds < rounds and time.monotonic() < deadline + 30:
             await asyncio.sleep(0.02)
-        assert first.engine.policy.rescores >= rounds, "the service stopped re-scoring"
+        assert first.engine.rounds >= rounds, "the service stopped re-scoring"
+        assert first.engine.scored_events == len(keys), "the last events were never re-scored"
         first.request_stop()
         await runner
         steps = first.engine.policy.scorer.steps

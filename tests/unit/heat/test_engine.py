@@ -122,3 +122,18 @@ def test_parked_orphans_are_bounded_and_a_removal_unparks() -> None:
     assert "o4" not in engine.policy  # removed before its parent came: not adopted
     engine.apply(KvBlockStored(block_hash="p3", occurred_at_ms=22))
     assert "o3" in engine.policy
+
+
+def test_an_idle_round_neither_rescores_nor_trains() -> None:
+    engine = _engine()
+    for i in range(400):
+        engine.apply(CacheAccessed(key=f"k{i % 90}", hit=False, occurred_at_ms=i))
+    engine.rescore(500, limit=1000)
+    rescores, steps = engine.policy.rescores, engine.policy.scorer.steps
+    assert steps > 0
+    for round_ms in range(600, 2000, 100):
+        assert engine.rescore(round_ms, limit=1000) == []
+    assert (engine.policy.rescores, engine.policy.scorer.steps) == (rescores, steps)
+    engine.apply(CacheAccessed(key="new", hit=False, occurred_at_ms=2000))
+    assert {d.key for d in engine.rescore(2100, limit=1000)} >= {"new"}
+    assert engine.policy.rescores > rescores
