@@ -17,7 +17,7 @@ from services.invalidation.settings import InvalidationSettings
 from services.invalidation.store import PostgresDependencyIndex
 from services.invalidation.walk import Cascade, DependencyWalk
 from services.runtime.kafka import Delivery, EventPublisher
-from services.runtime.postgres import Database, count_processed, prune_processed
+from services.runtime.postgres import Database, count_processed, prune_inbox
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
@@ -59,14 +59,7 @@ class InvalidationService(Service):
         """Forget inbox rows past the retention, batch by batch; returns how many went."""
         s = self.invalidation_settings
         assert self._db is not None
-        cutoff = now_ms() - s.inbox_retention_ms
-        pruned = 0
-        while True:
-            n = await prune_processed(self._db, s.group_id, cutoff, s.inbox_prune_batch)
-            pruned += n
-            if n < s.inbox_prune_batch:
-                break
-            await asyncio.sleep(0)  # let the consumer's transactions in between batches
+        pruned = await prune_inbox(self._db, s.group_id, now_ms() - s.inbox_retention_ms, s.inbox_prune_batch)
         self.inbox_rows = await count_processed(self._db, s.group_id)
         INBOX_ROWS.set(self.inbox_rows)
         return pruned

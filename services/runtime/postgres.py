@@ -176,6 +176,18 @@ async def prune_processed(db: Database, consumer_group: str, older_than_ms: int,
     return int(status.split()[-1])
 
 
+async def prune_inbox(db: Database, consumer_group: str, older_than_ms: int, batch: int = 1000) -> int:
+    """Forget every inbox row of `consumer_group` recorded before `older_than_ms`, `batch` at a time,
+    yielding between batches so consumers' transactions get in; returns how many went."""
+    pruned = 0
+    while True:
+        n = await prune_processed(db, consumer_group, older_than_ms, batch)
+        pruned += n
+        if n < batch:
+            return pruned
+        await asyncio.sleep(0)
+
+
 async def count_processed(db: Database, consumer_group: str) -> int:
     return int(
         await db.fetchval("SELECT count(*) FROM processed_events WHERE consumer_group = $1", consumer_group)
