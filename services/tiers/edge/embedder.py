@@ -3,9 +3,12 @@
 `torch` (sentence-transformers), `onnx` (the same weights exported once to ONNX, run by onnxruntime;
 services/tiers/edge/onnx_embedder.py) or `onnx-int8` (that export quantised). The default, `onnx`, is
 what bench/embedders.py measured best: the same vectors as torch (cosine 1.00000) at 0.4x its time for
-one text and 0.5x for 32; int8 is faster again (0.17x) but moves pair similarities by 0.03 on average
-(0.11 at most) and loses 3-5 points of paraphrase hits, so entries written by one would not match
-lookups by the other. A backend that cannot load falls back (onnx-int8 -> onnx -> torch), logged.
+one text and 0.5x for 32. int8 takes about half of onnx's time again (one text, batches of 8 and 32) at
+cosine 0.994 to its vectors (0.975 at worst), but it lowers pair similarities near the threshold by
+0.007-0.008 (true paraphrases and traps alike), so 0.92 under int8 admits what about 0.928 does under
+fp32: 3.6-4 points fewer paraphrase hits at 0.92 + guards, hence not the default. Entries written with
+one and looked up with the other match a little differently. A backend that cannot load falls back
+(onnx-int8 -> onnx -> torch), logged.
 
 Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()`
 loads in a worker thread, or the first `embed()` does. Encoding runs in a worker thread too, one batch
