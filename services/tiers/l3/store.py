@@ -235,7 +235,7 @@ class PostgresL3Store(L3Store):
     ) -> list[SemanticMatch]:
         if not self.semantic:
             return []
-        rows = await self._nearest(None, embedding, now_ms, model, candidates)
+        rows = await self._nearest(None, embedding, now_ms, model, candidates, min_similarity)
         return [SemanticMatch(_entry(r), s) for r in rows if (s := float(r["similarity"])) >= min_similarity]
 
     async def find_neighbours(
@@ -252,7 +252,7 @@ class PostgresL3Store(L3Store):
             entry = await self.get(key, now_ms)
             ok = entry is not None and (model is None or entry.meta.model == model)
             return (entry, []) if ok else (None, [])
-        rows = await self._nearest(key, embedding, now_ms, model, candidates)
+        rows = await self._nearest(key, embedding, now_ms, model, candidates, min_similarity)
         for row in rows:
             if float(row["similarity"]) > 1.5:
                 return _entry(row), []
@@ -261,19 +261,33 @@ class PostgresL3Store(L3Store):
         ]
 
     async def _nearest(
-        self, key: str | None, embedding: npt.ArrayLike, now_ms: int, model: str | None, candidates: int
+        self,
+        key: str | None,
+        embedding: npt.ArrayLike,
+        now_ms: int,
+        model: str | None,
+        candidates: int,
+        min_similarity: float = 0.0,
     ) -> list[asyncpg.Record]:
-        """The nearest live neighbours, best first, and (with `key`) the exact row first, marked with
-        similarity 2: one round trip."""
+        """The nearest live neighbours at least `min_similarity` close, best first, and (with `key`) the
+        exact row first, marked with similarity 2: one round trip."""
         vec = self._embedding_param(np.asarray(embedding, dtype=np.float32))
         args: list[Any] = [vec, now_ms, int(candidates)]
         model_filter = ""
         if model is not None:
             args.append(model)
             model_filter = f" AND d.model = ${len(args)}"
+        floor = ""
+        if min_similarity > 0.0:
+            # In SQL, not after: most semantic lookups find nothing that close, and then no candidate
+            # row (its value, embedding and tags) is read, sent and decoded only to be dropped. The
+            # same expression as the similarity column, so the same rows pass as the filter above.
+            args.append(float(min_similarity))
+            floor = f" AND 1 - (d.embedding <=> $1) >= ${len(args)}"
         near = (
             f"(SELECT {_COLUMNS}, 1 - (d.embedding <=> $1) AS similarity {_FROM} "
-            f"WHERE d.embedding IS NOT NULL AND {_LIVE}{model_filter} ORDER BY d.embedding <=> $1 LIMIT $3)"
+            f"WHERE d.embedding IS NOT NULL AND {_LIVE}{model_filter}{floor} "
+            "ORDER BY d.embedding <=> $1 LIMIT $3)"
         )
         if key is None:
             return list(await self.db.fetch(near, *args))

@@ -3,7 +3,12 @@ open, lets one probe through after the cooldown and closes only on a fast, succe
 
 from __future__ import annotations
 
+from collections import deque
+
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.tiers.l3.breaker import LatencyBreaker
 from tests.unit.tiers.fakes import Clock
@@ -65,3 +70,31 @@ def test_failures_count_as_slow() -> None:
     for _ in range(10):
         b.record(1.0, ok=False)
     assert b.state == "open" and b.failures == 10
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 400), st.booleans(), st.integers(0, 3000)), max_size=400))
+def test_it_opens_exactly_when_the_window_p99_says_so(calls: list[tuple[float, bool, int]]) -> None:
+    """The count of slow samples that spares the percentile changes no decision: a reference that
+    computes the window's P99 on every call agrees, call by call."""
+    clock = Clock()
+    b = LatencyBreaker(p99_ms=150, window=30, min_calls=10, cooldown_ms=2000, clock=clock)
+    window: deque[float] = deque(maxlen=30)
+    state = "closed"
+    for latency, ok, wait_ms in calls:
+        clock.advance(wait_ms)
+        before = b.state
+        if not b.allow():
+            continue
+        b.record(latency, ok)
+        slow = latency if ok else max(latency, 300.0)
+        if before != "closed":  # half-open: the probe decides; the window restarts when it closes
+            state = "closed" if ok and slow <= 150 else "open"
+            if state == "closed":
+                window.clear()
+                window.append(slow)
+        else:
+            window.append(slow)
+            if len(window) >= 10 and float(np.percentile(list(window), 99)) > 150:
+                state = "open"
+        assert b.state == state
