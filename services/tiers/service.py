@@ -93,7 +93,11 @@ class TiersService(Service):
     def __init__(self, settings: TiersSettings | None = None) -> None:
         super().__init__(settings or TiersSettings())
         self.cache: TieredCache | None = None
-        self.embedder = Embedder(threads=self.settings.embedder_threads, backend=self.settings.embedder)
+        self.embedder = Embedder(
+            threads=self.settings.embedder_threads,
+            backend=self.settings.embedder,
+            max_call_texts=self.settings.embedder_max_call_texts,
+        )
         self.publisher: EventPublisher | None = None
         self.l3: PostgresL3Store | None = None
         self.block_server: TcpBlockServer | None = None
