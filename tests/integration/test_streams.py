@@ -263,19 +263,6 @@ async def _eventually(check, what: str, timeout_s: float = 120.0) -> None:  # ty
     raise AssertionError(f"never: {what}")
 
 
-@pytest.mark.xfail(
-    reason="open (issue 15): in 2 of 21 runs one access (1 record) of a partition the survivor took "
-    "over from the killed worker was missing from the first pane of the second half (source partition "
-    "5, pane 625000 / 627000: 3 != 4, 53 != 54). The survivor's first tick closed panes at 44.37 s, "
-    "between its 'streams state recovered' (44.20 s, ticks allowed) and faust's 'Worker ready' (44.42 s, "
-    "perform_seek to the committed offsets done), with records fetched from the position before that "
-    "seek; a record faust drops there (getmany's flow/generation break, or its read-offset check) is "
-    "then either late (pane closed) or skipped as a repeat by the pane's highest applied offset. "
-    "Fix applied since (no closing while app.rebalancing; repeats skipped by exact offset in open "
-    "panes): 10 of 10 then passed, too few to call it gone at that rate; drop this mark after ~30 "
-    "passes in a row. (The 1-in-3 loss seen before was the idleness rule, fixed: see IDLE_MS.)",
-    strict=False,
-)
 async def test_two_workers_share_the_partitions_and_one_killed_mid_window_loses_and_doubles_nothing(
     kafka: Broker, namespace: str, topics_on, workers
 ) -> None:
