@@ -44,11 +44,21 @@ def main() -> None:
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--report-only", type=Path, nargs="+", metavar="CSV", help="re-render (and join) earlier runs"
+    )
     args = parser.parse_args()
     variants = args.variant or list(VARIANTS)
     baselines = [p for p in BASELINES if not p.startswith("lcs-") or _has_libcachesim()]
+    if args.report_only:
+        joined: list[dict[str, object]] = []
+        for path in args.report_only:
+            with path.open() as fh:
+                joined.extend(csv.DictReader(fh))
+        report(joined, variants, baselines, Console(width=200))
+        return
     paths = [p for p in trace_paths(args.data) if not args.trace or any(t in p.name for t in args.trace)]
-    console = Console(width=180)
+    console = Console(width=200)
     started = time.perf_counter()
     rows: list[dict[str, object]] = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
@@ -79,15 +89,25 @@ def report(
     rate = {
         (str(r["trace"]), str(r["policy"]), int(str(r["capacity"]))): float(str(r["hit_rate"])) for r in rows
     }
+    hits = {(str(r["trace"]), str(r["policy"]), int(str(r["capacity"]))): int(str(r["hits"])) for r in rows}
     traces = list(dict.fromkeys(str(r["trace"]) for r in rows))
     heat = [f"heat {v}" for v in variants]
     # gains[variant][family] = per-cell (variant - prior) in points; vs_best likewise vs best baseline
     gains: dict[str, dict[str, list[float]]] = {h: {"prefix": [], "block": []} for h in heat}
     vs_best: dict[str, dict[str, list[float]]] = {h: {"prefix": [], "block": []} for h in heat}
-    table = Table("trace", "capacity", *REFERENCE, "best classic", *heat, title="heat ablation: hit %")
+    same = dict.fromkeys(heat, 0)  # cells hit for hit the same as heat prior
+    table = Table(
+        "trace",
+        "capacity",
+        *REFERENCE,
+        "best classic",
+        *variants,
+        title="heat ablation: hit % (heat variants: in brackets, minus heat prior)",
+    )
     for trace in traces:
         caps = sorted({c for (t, _, c) in rate if t == trace})
         family = "prefix" if "mooncake" in trace else "block"
+        short = trace.removesuffix(".gz").removesuffix(".trace").removesuffix(".jsonl")
         for c in caps:
             best, best_name = max((rate[(trace, p, c)], p) for p in baselines if (trace, p, c) in rate)
             cells = [f"{100 * rate[(trace, p, c)]:.2f}" for p in REFERENCE]
@@ -98,10 +118,10 @@ def report(
                 cells.append(f"{100 * value:.2f}{mark if h != 'heat prior' else ''}")
                 if prior is not None:
                     gains[h][family].append(100 * (value - prior))
+                    same[h] += hits[(trace, h, c)] == hits[(trace, "heat prior", c)]
                 vs_best[h][family].append(100 * (value - best))
-            table.add_row(trace, f"{c:,}", *cells[:2], f"{100 * best:.2f} ({best_name})", *cells[2:])
+            table.add_row(short, f"{c:,}", *cells[:2], f"{100 * best:.2f} ({best_name})", *cells[2:])
     console.print(table)
-    console.print("(in brackets: the variant minus heat prior, in points)")
     summary = Table(
         "variant",
         "prefix: mean vs prior",
@@ -110,6 +130,7 @@ def report(
         "block: min vs prior",
         "block: max vs prior",
         "block: mean vs best",
+        "cells = prior, hit for hit",
         title="heat ablation: mean difference in points over the cells of each trace family",
     )
 
@@ -129,8 +150,16 @@ def report(
             fmt(g["block"], "min"),
             fmt(g["block"], "max"),
             fmt(b["block"]),
+            f"{same[h]} of {len(g['prefix']) + len(g['block'])}",
         )
     console.print(summary)
+    for h in ("heat model", "heat auto"):
+        for family in ("prefix", "block"):
+            g = gains.get(h, {}).get(family)
+            if g:
+                mean = sum(g) / len(g)
+                verdict = "carries its weight" if mean > 0 else "does not carry its weight"
+                console.print(f"{h} on {family} traces: {mean:+.2f} pt over heat prior: the model {verdict}")
 
 
 if __name__ == "__main__":
