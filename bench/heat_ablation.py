@@ -155,9 +155,9 @@ def report(
     console.print(summary)
     for h in ("heat model", "heat auto"):
         for family in ("prefix", "block"):
-            g = gains.get(h, {}).get(family)
-            if g:
-                mean = sum(g) / len(g)
+            diffs = gains.get(h, {}).get(family)
+            if diffs:
+                mean = sum(diffs) / len(diffs)
                 verdict = "carries its weight" if mean > 0 else "does not carry its weight"
                 console.print(f"{h} on {family} traces: {mean:+.2f} pt over heat prior: the model {verdict}")
 
