@@ -6,9 +6,12 @@ too), `auto` (as shipped: the MLP, except that prefix chains stay on the fixed p
 (scorer="prior": no model at all), and `-GROUP` (scorer="model" with one group of
 `features.FEATURE_GROUPS` zeroed in what the model reads and learns from). LRU, ARC and the best of
 `bench.policies.BASELINES` are printed alongside. The verdict says, per trace family (prefix or
-block), how many points the model adds over the prior.
+block), how many points the model adds over the prior; `--leaders` adds which expert of the panel
+heat followed in each cell (the model can only matter where it picks a victim: in the heat-frame
+expert, or among several keys the leader does not hold).
 
     .venv/bin/python -m bench.heat_ablation [--jobs 1] [--trace mooncake ...] [--variant model ...]
+        [--leaders] [--report-only CSV ...]
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", choices=list(VARIANTS), help="default: all")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--leaders", action="store_true", help="also: which expert heat (as shipped) follows, per cell"
+    )
     parser.add_argument(
         "--report-only", type=Path, nargs="+", metavar="CSV", help="re-render (and join) earlier runs"
     )
@@ -81,6 +87,33 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     console.print(f"wrote {args.out / 'heat_ablation.csv'}")
+    if args.leaders:
+        table = Table("trace", "capacity", "leader: share of accesses", title="the expert heat follows")
+        for path in paths:
+            for c in capacities_for(path):
+                shares = leader_shares(path, c, args.seed)
+                text = ", ".join(f"{name} {100 * v:.0f}%" for name, v in shares.items())
+                table.add_row(path.name, f"{c:,}", text)
+        console.print(table)
+
+
+def leader_shares(path: Path, capacity: int, seed: int) -> dict[str, float]:
+    """Share of accesses after which each expert led heat's panel (block traces; a prefix trace
+    retires the panel at its first chained block: "chains")."""
+    from collections import Counter
+
+    from policies.learned.heat import HeatPolicy
+    from sim.traces import read_trace
+
+    trace = read_trace(path)
+    if trace.prefix:
+        return {"chains (no panel)": 1.0}
+    policy = HeatPolicy(capacity, seed=seed)
+    led: Counter[str] = Counter()
+    for key, t in zip(trace.keys.tolist(), trace.times_ms.tolist(), strict=True):
+        policy.access(key, t)
+        led[policy.leader or "none"] += 1
+    return {name: n / len(trace) for name, n in led.most_common()}
 
 
 def report(
