@@ -10,6 +10,7 @@ from the previous scoring round.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,31 @@ FEATURES: tuple[str, ...] = (
 )
 N_FEATURES = len(FEATURES)
 NO_GAP = -1
+# Feature groups, for ablation (`HeatPolicy(ablate=...)` zeroes a group's columns in what the model
+# reads and learns from; the fixed prior and the eviction bookkeeping are not affected).
+FEATURE_GROUPS: dict[str, tuple[str, ...]] = {
+    "recency": ("recency", "interval"),
+    "frequency": ("frequency", "hits"),
+    "attention": ("attention", "has_attention"),
+    "size": ("size",),
+    "lifecycle": ("ttl_left", "trace_alive"),
+    "chain": ("depth", "children"),
+    "semantic": ("neighbour_heat",),
+}
+
+
+def keep_mask(groups: Sequence[str]) -> np.ndarray | None:
+    """A 0/1 row over `FEATURES` with the columns of `groups` zeroed; None when none is named."""
+    if not groups:
+        return None
+    unknown = sorted(set(groups) - FEATURE_GROUPS.keys())
+    if unknown:
+        raise ValueError(f"unknown feature group(s) {unknown}; known: {sorted(FEATURE_GROUPS)}")
+    keep = np.ones(N_FEATURES, dtype=np.float32)
+    for group in groups:
+        for name in FEATURE_GROUPS[group]:
+            keep[FEATURES.index(name)] = 0.0
+    return keep
 
 
 class EntryTable:

@@ -48,7 +48,7 @@ from policies.adaptive.wtinylfu import WTinyLFU
 from policies.admission.sketch import FrequencySketch
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import LeafQueue
-from policies.learned.features import N_FEATURES, EntryTable, view
+from policies.learned.features import N_FEATURES, EntryTable, keep_mask, view
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
 from policies.learned.panel import EXPERTS, MIN_MINIATURE, ExpertPanel, SketchedFactory
@@ -89,6 +89,7 @@ class HeatPolicy(MeshSignals, Policy):
         shadow_sample: int = 4,
         shadow_min: int = MIN_MINIATURE,
         rescore_accesses: int | None = None,
+        ablate: Sequence[str] = (),
     ) -> None:
         super().__init__(capacity)
         self.rescore_ms = rescore_ms
@@ -110,7 +111,8 @@ class HeatPolicy(MeshSignals, Policy):
         # accesses (LRFU's lambda).
         self._lambda = 1.0 / (chain_half_life * capacity)
         self.sketch = FrequencySketch(capacity, seed=seed)
-        self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed)
+        # `ablate`: feature groups (`features.FEATURE_GROUPS`) the model sees as zeros (benches only)
+        self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed, keep=keep_mask(ablate))
         # The full-size experts that count frequencies share this cache's sketch (it hears the same
         # accesses); the miniatures share one of their own (`shadow_sample`: see `panel.py`).
         sketched: dict[str, SketchedFactory] = {

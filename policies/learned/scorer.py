@@ -72,8 +72,11 @@ class HeatScorer:
         batch: int = 128,
         buffer: int = 4096,
         seed: int = 0,
+        keep: np.ndarray | None = None,
     ) -> None:
         self.n_features = n_features
+        # Ablation: the model reads (and learns from) `x * keep`; None, the default, reads x as is.
+        self.keep = keep
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             self.model = HeatMLP(n_features, hidden)
@@ -105,15 +108,19 @@ class HeatScorer:
 
     def score(self, x: np.ndarray) -> np.ndarray:
         """Heat in [0, 1] for each row of `x` (numpy path)."""
+        if self.keep is not None:
+            x = x * self.keep
         return numpy_forward(self._weights, x)
 
     def torch_score(self, x: np.ndarray) -> np.ndarray:
+        if self.keep is not None:
+            x = x * self.keep
         with torch.no_grad():
             return self.model(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
 
     def observe(self, x: np.ndarray, y: float) -> None:
         i = self._next
-        self._x[i] = x
+        self._x[i] = x if self.keep is None else x * self.keep
         self._y[i] = y
         self._next = (i + 1) % len(self._y)
         self._filled = min(self._filled + 1, len(self._y))

@@ -274,3 +274,9 @@ def test_prefix_chains_on_the_prior_leave_the_model_untrained() -> None:
     assert not policy.learning and not policy.model_active
     assert policy.scorer.steps == 0
     assert all(0.0 <= s.score <= 1.0 for s in policy.scores())
+
+
+def test_ablate_reaches_the_model_and_is_off_by_default() -> None:
+    assert small(capacity=10).scorer.keep is None
+    keep = small(capacity=10, ablate=["chain"]).scorer.keep
+    assert keep is not None and int((keep == 0).sum()) == 2

@@ -4,6 +4,7 @@ re-use pattern from labels alone."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from policies.learned.features import FEATURES, N_FEATURES
 from policies.learned.scorer import HeatScorer, ReuseLabeler, rank_correlation
@@ -93,3 +94,32 @@ def test_the_prior_columns_match_the_full_features() -> None:
     rf = table.recency_frequency(idx, 50, resets=2)
     np.testing.assert_allclose(rf[:, 0], full[:, FEATURES.index("recency")])
     np.testing.assert_allclose(rf[:, 1], full[:, FEATURES.index("frequency")])
+
+
+def test_an_ablated_feature_group_is_invisible_to_the_model() -> None:
+    from policies.learned.features import FEATURE_GROUPS, keep_mask
+
+    keep = keep_mask(["attention"])
+    assert keep is not None
+    zeroed = {FEATURES[i] for i in np.nonzero(keep == 0)[0]}
+    assert zeroed == set(FEATURE_GROUPS["attention"])
+    assert keep_mask([]) is None
+    scorer = HeatScorer(N_FEATURES, seed=3, keep=keep)
+    rng = np.random.default_rng(4)
+    x, y = planted(rng, 512)
+    shuffled = x.copy()
+    shuffled[:, ATTENTION] = rng.random(len(x))  # what the model cannot see may change freely
+    np.testing.assert_array_equal(scorer.score(x), scorer.score(shuffled))
+    np.testing.assert_allclose(scorer.score(x), scorer.torch_score(shuffled), rtol=1e-5, atol=1e-6)
+    for row, label in zip(x, y, strict=True):
+        scorer.observe(row, float(label))
+    scorer.train(50)
+    # the planted signal is attention: with it zeroed the model cannot rank by it
+    assert abs(rank_correlation(scorer.score(x), y)) < 0.2
+
+
+def test_an_unknown_feature_group_is_refused() -> None:
+    from policies.learned.features import keep_mask
+
+    with pytest.raises(ValueError, match="unknown feature group"):
+        keep_mask(["colour"])
