@@ -93,6 +93,38 @@ class CacheAccessed(Event):
     shard: str | None = None
 
 
+# Access events in one batch record, at most (a full batch stays well under the event size limit).
+MAX_ACCESS_BATCH = 512
+
+
+class CacheAccessBatch(Event):
+    """Several `CacheAccessed` in one record, in the order they happened (vLLM's `KVEventBatch` does the
+    same for KV events): what a busy producer sends so that consumers pay the per-record cost once per
+    batch, not once per access. All of a batch's events belong on the partition of `key`; producers
+    group them by the partition of each event's key (tiers does), so per-key order holds as for single
+    records. `occurred_at_ms` is the newest event's time. Consumers treat it as its events in order
+    (`access_events`)."""
+
+    topic: ClassVar[str] = "cache.access.v1"
+    key_field: ClassVar[str] = "key"
+    type: Literal["cache.accessed.batch"] = "cache.accessed.batch"
+
+    key: Key
+    events: Annotated[list[CacheAccessed], Field(min_length=1, max_length=MAX_ACCESS_BATCH)]
+
+
+def access_batch(events: list[CacheAccessed]) -> CacheAccessBatch:
+    """One batch record of `events` (1 to MAX_ACCESS_BATCH, all on one partition), keyed by the first."""
+    return CacheAccessBatch(
+        key=events[0].key, events=events, occurred_at_ms=max(e.occurred_at_ms for e in events)
+    )
+
+
+def access_events(event: Event) -> list[Event]:
+    """What one record stands for: a batch's events in order, or the event itself."""
+    return list(event.events) if isinstance(event, CacheAccessBatch) else [event]
+
+
 # --- kv.events.v1 ------------------------------------------------------------------------------
 
 
@@ -496,6 +528,7 @@ class InvalidationRecorded(Event):
 
 AnyEvent = Annotated[
     CacheAccessed
+    | CacheAccessBatch
     | KvBlockStored
     | KvBlockRemoved
     | AttentionHeatReported
@@ -524,6 +557,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     cls.model_fields["type"].default: cls
     for cls in (
         CacheAccessed,
+        CacheAccessBatch,
         KvBlockStored,
         KvBlockRemoved,
         AttentionHeatReported,

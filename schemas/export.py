@@ -10,6 +10,7 @@ from schemas.descriptor import CacheDescriptor
 from schemas.events import (
     EVENT_TYPES,
     AttentionHeatReported,
+    CacheAccessBatch,
     CacheAccessed,
     CacheInvalidated,
     ConversationEnded,
@@ -61,6 +62,32 @@ GOLDEN_EVENTS: tuple[Event, ...] = (
         service="gateway",
         call_depth=2,
         shard="0",
+    ),
+    CacheAccessBatch(
+        event_id="0" * 31 + "2",
+        occurred_at_ms=_T0 + 5,
+        key="model:llama-3-8b:v1:9f86d081",
+        events=[
+            CacheAccessed(
+                event_id="0" * 31 + "3",
+                occurred_at_ms=_T0,
+                key="model:llama-3-8b:v1:9f86d081",
+                hit=True,
+                tier="l1",
+                match="exact",
+                latency_ms=0.08,
+                node_id="tiers-a",
+            ),
+            CacheAccessed(
+                event_id="0" * 31 + "4",
+                occurred_at_ms=_T0 + 5,
+                key="model:llama-3-8b:v1:5e884898",
+                hit=False,
+                latency_ms=0.4,
+                layer="model",
+                node_id="tiers-a",
+            ),
+        ],
     ),
     KvBlockStored(
         event_id=_ID,

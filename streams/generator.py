@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.paths import shared_data_dir
-from schemas.events import CacheAccessed, Event, KvBlockStored
+from schemas.events import CacheAccessed, Event, KvBlockStored, access_batch
 from streams.penetration import LruK, model_layer_key, sequence_bucket_label
 
 
@@ -319,14 +319,25 @@ async def produce(
     *,
     speed: float | None = None,
     rate_per_s: float | None = None,
+    batch: int = 1,
 ) -> float:
     """Sends `events` in order to their topics; paced at `speed` x event time or at `rate_per_s`,
-    as fast as possible when neither is set. Returns the seconds it took."""
+    as fast as possible when neither is set. With `batch` > 1, accesses go out as `CacheAccessBatch`
+    records of up to `batch` events of one partition each (what tiers sends), flushed before any
+    other event and whenever the pace waits. Returns the seconds it took."""
     from services.runtime.kafka import EventPublisher
     from services.runtime.settings import KafkaSettings
 
     publisher = EventPublisher(KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace, linger_ms=5))
     await publisher.start()
+    pending: dict[int, list[CacheAccessed]] = {}
+
+    async def flush(partition: int | None = None) -> None:
+        for p in [partition] if partition is not None else list(pending):
+            group = pending.pop(p, [])
+            if group:
+                await publisher.publish(access_batch(group), wait=False)
+
     began = time.monotonic()
     try:
         if not events:
@@ -341,8 +352,17 @@ async def produce(
                 due = 0.0
             delay = began + due - time.monotonic()
             if delay > 0:
+                await flush()
                 await asyncio.sleep(delay)
+            if batch > 1 and isinstance(event, CacheAccessed):
+                partition = await publisher.partition_of(event)
+                pending.setdefault(partition, []).append(event)
+                if len(pending[partition]) >= batch:
+                    await flush(partition)
+                continue
+            await flush()
             await publisher.publish(event, wait=False)
+        await flush()
     finally:
         await publisher.stop()
     return time.monotonic() - began

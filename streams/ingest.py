@@ -18,6 +18,8 @@ persisting -- after a crash they are rebuilt from the records replayed from the 
 and a replayed record for a pane the progress says is closed is skipped. Within a running worker a
 redelivered record (a rebalance) is skipped by its offset, kept per open pane: exact, also when the
 first delivery had a gap (faust can drop a fetched record mid-rebalance and hand on the next ones).
+A batch record (`CacheAccessBatch`) is its events in order: each is applied at its own position,
+the record's offset and its index within the record, so a replayed batch is skipped event by event.
 """
 
 from __future__ import annotations
@@ -27,11 +29,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.events import CacheAccessed, Event, KvBlockStored, RequestPenetrated
+from schemas.events import MAX_ACCESS_BATCH, CacheAccessed, Event, KvBlockStored, RequestPenetrated
 from streams.penetration import is_penetration
 from streams.records import Partial, Progress, TableWrite, parse_table_key, table_key
 from streams.spikes import SPIKE_RTT_MS, SpikeDetector
 from streams.windows import PANE_MS, Group, PaneAggregate, groups_for, pane_start, shard_of
+
+# Positions per record: an event's position is its record's offset times this, plus its index in the
+# record (0 for a single event), so positions are in offset order and distinct within a partition.
+RECORD_SLOTS = 1 << (MAX_ACCESS_BATCH - 1).bit_length()
+
+
+def position(offset: int, index: int = 0) -> int:
+    return offset * RECORD_SLOTS + index
 
 
 @dataclass(slots=True)
@@ -42,7 +52,7 @@ class _Pane:
 @dataclass(slots=True)
 class _PartitionState:
     panes: dict[tuple[Group, int], _Pane] = field(default_factory=dict)
-    # Per open pane start: the offsets applied to it (dropped with the pane when it closes).
+    # Per open pane start: the positions applied to it (dropped with the pane when it closes).
     offsets: dict[int, set[int]] = field(default_factory=dict)
     max_event_ms: int = -1
     closed_before_ms: int = 0
@@ -127,13 +137,15 @@ class Ingest:
             if parts[0] == "progress" and parts[1] == partition:
                 state.max_event_ms = int(value["max"])
                 state.closed_before_ms = int(value["closed"])
-                state.applied_offset = int(value["off"])
+                # The table keeps the record's offset: every event of that record was applied.
+                state.applied_offset = position(int(value["off"]), RECORD_SLOTS - 1)
         self._parts[partition] = state
 
     # --- events ------------------------------------------------------------------------------
 
-    def apply(self, partition: int, offset: int, event: Event, wall_ms: int) -> list[Event]:
-        """Applies one record; returns the events to publish right away (penetration, spikes)."""
+    def apply(self, partition: int, offset: int, event: Event, wall_ms: int, index: int = 0) -> list[Event]:
+        """Applies one event, the `index`-th of the record at `offset`; returns the events to publish
+        right away (penetration, spikes)."""
         if isinstance(event, KvBlockStored):
             self.spikes.warmed(event.block_hash, event.occurred_at_ms)
             self.counters.warm_events += 1
@@ -155,6 +167,7 @@ class Ingest:
             out.append(spike.event(event.event_id))
 
         start = pane_start(ts)
+        offset = position(offset, index)
         if start < state.closed_before_ms:
             if offset <= state.applied_offset:
                 self.counters.replayed += 1
@@ -183,7 +196,8 @@ class Ingest:
 
     @staticmethod
     def _progress_value(state: _PartitionState) -> dict[str, int]:
-        return {"max": state.max_event_ms, "closed": state.closed_before_ms, "off": state.applied_offset}
+        off = state.applied_offset // RECORD_SLOTS if state.applied_offset >= 0 else -1
+        return {"max": state.max_event_ms, "closed": state.closed_before_ms, "off": off}
 
     def watermarks(self, now_wall_ms: int, caught_up: Mapping[int, bool]) -> dict[int, int]:
         """Each owned partition's watermark: its newest event time minus the lateness. An idle one

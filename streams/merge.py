@@ -229,7 +229,11 @@ class Merge:
         if offset is not None:
             state.next_offset = max(state.next_offset or 0, offset + 1)
 
-    def apply_partial(self, partition: int, partial: Partial, offset: int | None = None) -> list[TableWrite]:
+    def apply_partial(
+        self, partition: int, partial: Partial, offset: int | None = None, as_json: Any | None = None
+    ) -> list[TableWrite]:
+        """Holds the partial until its windows are emitted; `as_json` is its aggregate's `to_json()`
+        when the caller already has it (the hand-off record), saved as it is."""
         state = self._state(partition)
         self._advance(state, offset)
         group = self._group(state, partial.group)
@@ -242,7 +246,7 @@ class Merge:
         self.counters.partials += 1
         shard, model = partial.group
         key = table_key("part", partition, shard, model, start, partial.source_partition)
-        return [TableWrite(partition, key, partial.aggregate.to_json())]
+        return [TableWrite(partition, key, partial.aggregate.to_json() if as_json is None else as_json)]
 
     def apply_progress(
         self, partition: int, progress: Progress, offset: int | None = None

@@ -17,7 +17,8 @@ WINDOW_LAG = Histogram(
 )
 INGEST_DELAY = Histogram(
     "cachemesh_streams_ingest_delay_seconds",
-    "Wall time between an access's occurrence and stage 1 reading it (the queue before the worker)",
+    "Wall time between an access's occurrence and stage 1 reading it (the queue before the worker; "
+    "one sample per record: its oldest access)",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0),
 )
 LAST_WINDOW_LAG = Gauge("cachemesh_streams_last_window_lag_seconds", "Lag of the latest emitted window")

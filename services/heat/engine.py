@@ -19,6 +19,7 @@ from policies.base import AccessMeta, Eviction
 from policies.learned.heat import HeatPolicy
 from schemas.events import (
     AttentionHeatReported,
+    CacheAccessBatch,
     CacheAccessed,
     ConversationEnded,
     Decision,
@@ -61,7 +62,12 @@ class HeatEngine:
 
     def apply(self, event: Event) -> None:
         """Feeds one event to the policy (a chained block whose parent has not arrived yet waits for
-        it); evictions the policy decides right away are queued for publishing."""
+        it); evictions the policy decides right away are queued for publishing. A batch record is its
+        events, in order."""
+        if isinstance(event, CacheAccessBatch):
+            for access in event.events:
+                self.apply(access)
+            return
         self.last_event_ms = max(self.last_event_ms, event.occurred_at_ms)
         if isinstance(event, KvBlockStored) and self._is_orphan(event):
             self._park(event)

@@ -138,6 +138,13 @@ class EventPublisher:
             self._pending.add(future)
             future.add_done_callback(functools.partial(self._on_background_ack, name, 1))
 
+    async def partition_of(self, event: Event) -> int:
+        """The partition `publish` sends `event` to: its key's, by the producer's default partitioner
+        (for grouping events into per-partition batch records)."""
+        producer = self._require_producer()
+        partitions = list(await producer.partitions_for(self.topic_for(event)))
+        return int(_PARTITIONER(event.kafka_key().encode(), partitions, partitions))
+
     async def publish_many(
         self, events: Sequence[Event], *, wait: bool = True, headers: list[tuple[str, bytes]] | None = None
     ) -> None:

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from schemas.events import MAX_ACCESS_BATCH
 from services.runtime.settings import ServiceSettings
 
 
@@ -96,6 +97,9 @@ class TiersSettings(ServiceSettings):
     # --- events ------------------------------------------------------------------------------
     # cache.access events wait at most this long to share a batch; a request never waits on Kafka.
     access_flush_ms: Annotated[int, Field(gt=0)] = 50
+    # cache.access events per record: one `CacheAccessBatch` of up to this many (consumers pay their
+    # per-record cost once per batch); 1 sends one `CacheAccessed` record per access.
+    access_batch_events: Annotated[int, Field(ge=1, le=MAX_ACCESS_BATCH)] = 64
     # Events queued beyond these bounds are dropped and counted (never block a request).
     max_queued_access_events: Annotated[int, Field(gt=0)] = 100_000
     max_queued_invalidations: Annotated[int, Field(gt=0)] = 10_000

@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 
 from schemas.events import (
     MAX_KEYS_PER_EVENT,
+    CacheAccessBatch,
     CacheAccessed,
     ConversationEnded,
     DriftClustered,
@@ -144,6 +145,9 @@ class WarmupPlanner:
             self.conversations.removed(event.block_hash, event.medium)
         elif isinstance(event, CacheAccessed):
             self.on_access(event)
+        elif isinstance(event, CacheAccessBatch):
+            for access in event.events:
+                self.on_access(access)
         elif isinstance(event, HeatScored):
             return self.on_heat(event)
         elif isinstance(event, ConversationEnded):

@@ -222,8 +222,9 @@ async def test_windows_equal_the_offline_computation_and_drift_is_labelled(
     assert report["applied"] == len(accesses) and report["late"] == 0
 
 
+@pytest.mark.parametrize("batch", [1, 48], ids=["one access per record", "CacheAccessBatch records"])
 async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
-    kafka: Broker, namespace: str, topics_on, workers
+    kafka: Broker, namespace: str, topics_on, workers, batch: int
 ) -> None:
     await topics_on(kafka)
     events = replay_events()
@@ -236,14 +237,14 @@ async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
 
     worker = workers(kafka, namespace)
     await worker.wait_healthy()
-    await produce(first, kafka.bootstrap, namespace)
+    await produce(first, kafka.bootstrap, namespace, batch=batch)
     first_accesses = sum(1 for e in first if isinstance(e, CacheAccessed))
     # Mid-stream: state in the tables, windows out, some records applied but not yet committed.
     await worker.wait_until("applied", first_accesses // 2)
     await worker.wait_until("windows", 1)
     worker.process.kill()
 
-    await produce(rest, kafka.bootstrap, namespace)
+    await produce(rest, kafka.bootstrap, namespace, batch=batch)
     restarted = workers(kafka, namespace)
     await restarted.wait_healthy()
     got = await collect(kafka.bootstrap, namespace, want_windows, want_clusters)

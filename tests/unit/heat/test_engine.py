@@ -13,6 +13,7 @@ from schemas.events import (
     ConversationEnded,
     KvBlockRemoved,
     KvBlockStored,
+    access_batch,
 )
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine, attention_heat
@@ -137,3 +138,20 @@ def test_an_idle_round_neither_rescores_nor_trains() -> None:
     engine.apply(CacheAccessed(key="new", hit=False, occurred_at_ms=2000))
     assert {d.key for d in engine.rescore(2100, limit=1000)} >= {"new"}
     assert engine.policy.rescores > rescores
+
+
+def test_a_batch_record_is_applied_as_its_events_in_order() -> None:
+    accesses = [
+        CacheAccessed(key=f"k{i % 4}", hit=i > 3, trace_id="conv-1", occurred_at_ms=1000 + i)
+        for i in range(12)
+    ]
+    one_by_one, batched = _engine(), _engine()
+    for event in accesses:
+        one_by_one.apply(event)
+    batched.apply(access_batch(accesses))
+    assert batched.events_applied == one_by_one.events_applied == 12
+    assert batched.last_event_ms == 1011
+    decided = [
+        [(d.key, d.decision, d.score) for d in e.rescore(2000, limit=100)] for e in (batched, one_by_one)
+    ]
+    assert decided[0] == decided[1] and decided[0]

@@ -7,9 +7,18 @@ import math
 
 import jsonschema
 import pytest
+from pydantic import ValidationError
 
 from schemas.descriptor import CacheDescriptor
-from schemas.events import EVENT_TYPES, CacheAccessed, CacheInvalidated
+from schemas.events import (
+    EVENT_TYPES,
+    MAX_ACCESS_BATCH,
+    CacheAccessBatch,
+    CacheAccessed,
+    CacheInvalidated,
+    access_batch,
+    access_events,
+)
 from schemas.export import GOLDEN_DIR, JSONSCHEMA_DIR, golden_documents, json_schema_documents
 from schemas.topics import BY_NAME, CATALOGUE, dlq_name, qualified
 from schemas.wire import DecodeError, decode, encode
@@ -111,3 +120,19 @@ def test_every_event_topic_is_in_the_catalogue_with_a_dead_letter_sibling() -> N
 
 def test_kafka_key_follows_the_catalogue_key_field() -> None:
     assert CacheAccessed(key="abc", hit=False).kafka_key() == "abc"
+
+
+def test_an_access_batch_stands_for_its_events_and_is_bounded() -> None:
+    events = [CacheAccessed(key=f"k{n}", hit=n % 2 == 0, occurred_at_ms=100 + n) for n in range(3)]
+    batch = access_batch(events)
+    assert batch.key == "k0" and batch.occurred_at_ms == 102 and batch.topic == CacheAccessed.topic
+    decoded = decode(encode(batch))
+    assert access_events(decoded) == events
+    assert access_events(events[1]) == [events[1]]
+    for bad in ([], [events[0]] * (MAX_ACCESS_BATCH + 1)):
+        with pytest.raises(ValidationError):
+            CacheAccessBatch(key="k0", events=bad)
+    # A batch with one invalid event is refused whole, with a reason (dead-lettered as one record).
+    raw = encode(batch).replace(b'"hit":true', b'"hit":"maybe"', 1)
+    with pytest.raises(DecodeError, match="hit"):
+        decode(raw)

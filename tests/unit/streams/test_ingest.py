@@ -129,3 +129,29 @@ def test_an_idle_partition_follows_the_slowest_active_one_not_the_fastest() -> N
     # Not consumed to its end (or no fresh fetch): it holds its own.
     assert ingest.watermarks(4_000, {0: True, 1: False, 2: True})[0] == T0 + 5_500
     assert ingest.watermarks(4_000, {0: True, 1: False, 2: True})[2] == T0 + 2_500
+
+
+def test_a_batch_record_counts_each_event_once_also_when_replayed() -> None:
+    """A `CacheAccessBatch` is its events, each at its own position (offset, index): a batch seen
+    again, whole or from an earlier offset, adds nothing; the table keeps the record's offset."""
+    ingest = Ingest(lateness_ms=250, idle_ms=1_000)
+    ingest.assign(0)
+    batch = [access(T0 + 10 * n, key=f"k{n % 3}") for n in range(40)]
+    for index, event in enumerate(batch):
+        ingest.apply(0, 7, event, T0, index)
+    for index, event in enumerate(batch[:25]):  # redelivered (a rebalance): skipped event by event
+        ingest.apply(0, 7, event, T0, index)
+    assert (ingest.counters.applied, ingest.counters.replayed) == (40, 25)
+    ingest.apply(0, 8, access(T0 + 1_400), T0 + 1_400)
+    closing = ingest.close(T0 + 1_400, {0: False}, 1)
+    (pane,) = [p for p in closing.partials if p.group == ("s0", None)]
+    assert pane.aggregate.requests == 40 and pane.aggregate.keys == {"k0": 14, "k1": 13, "k2": 13}
+    (write,) = closing.writes
+    assert write.value["off"] == 8
+
+    # After a restart from that progress, the replayed batch is recognised as already counted.
+    restarted = Ingest(lateness_ms=250, idle_ms=1_000)
+    restarted.load(0, [(write.key, write.value)])
+    for index, event in enumerate(batch):
+        restarted.apply(0, 7, event, T0 + 2_000, index)
+    assert (restarted.counters.applied, restarted.counters.replayed, restarted.counters.late) == (0, 40, 0)
