@@ -32,6 +32,7 @@ from streams.windows import (
     TUMBLING_1S,
     Group,
     PaneAggregate,
+    SlidingKeys,
     group_order,
     merge_all,
     tracks_drift,
@@ -45,6 +46,10 @@ MAX_KEYS_PER_DRIFT_EVENT = 1024
 class _GroupState:
     partials: dict[int, dict[int, PaneAggregate]] = field(default_factory=dict)
     merged: dict[int, PaneAggregate] = field(default_factory=dict)
+    # The merged panes' drift detail as columns (dropped with `merged`).
+    columns: dict[int, PaneColumns] = field(default_factory=dict)
+    # The last hopping window's key counts, moved pane by pane.
+    sliding: SlidingKeys = field(default_factory=SlidingKeys)
     emitted_until: int | None = None
     # Drift: when each key's current run of activity began (persisted as one record per shard).
     runs: dict[str, int] = field(default_factory=dict)
@@ -104,7 +109,121 @@ def drift_clustered(shard: str, window_end_ms: int, index: int, cluster: Cluster
     )
 
 
-def window_keys(panes: list[PaneAggregate | None]) -> tuple[WindowKeys, dict[str, int]]:
+@dataclass(frozen=True, slots=True)
+class PaneColumns:
+    """A pane's per-key drift detail as columns, built once per pane (a pane is in ten hopping
+    windows): keys in the pane's order, and services as bits of the `ServiceBits` of its merge."""
+
+    generation: int
+    keys: list[str]
+    count: np.ndarray
+    first_ms: np.ndarray
+    last_ms: np.ndarray
+    depth: np.ndarray
+    services: np.ndarray  # int64 bit masks
+
+
+class ServiceBits:
+    """Service name <-> bit, for the union of a key's services across panes as one OR. Calling services
+    are few; past 63 distinct names `bits_of` gives None and the caller takes the exact slow path."""
+
+    LIMIT = 63
+
+    def __init__(self) -> None:
+        self.generation = -1
+        self.reset()
+
+    def reset(self) -> None:
+        """Forgets every name (columns of an older generation are stale): for when names came and went,
+        as node ids do, and the bits ran out."""
+        self.generation += 1
+        self.bit: dict[str, int] = {}
+        self.names: list[str] = []
+        self._sets: dict[int, frozenset[str]] = {0: frozenset()}
+
+    def mask(self, services: set[str]) -> int | None:
+        out = 0
+        for name in services:
+            b = self.bit.get(name)
+            if b is None:
+                if len(self.names) >= self.LIMIT:
+                    return None
+                b = self.bit[name] = len(self.names)
+                self.names.append(name)
+            out |= 1 << b
+        return out
+
+    def names_of(self, mask: int) -> frozenset[str]:
+        found = self._sets.get(mask)
+        if found is None:
+            found = self._sets[mask] = frozenset(n for i, n in enumerate(self.names) if mask >> i & 1)
+        return found
+
+
+def pane_columns(pane: PaneAggregate, bits: ServiceBits) -> PaneColumns | None:
+    activity = pane.activity or {}
+    acts = list(activity.values())
+    masks = [bits.mask(a.services) for a in acts]
+    if any(m is None for m in masks):
+        return None
+    return PaneColumns(
+        generation=bits.generation,
+        keys=list(activity),
+        count=np.fromiter((a.count for a in acts), dtype=np.int64, count=len(acts)),
+        first_ms=np.fromiter((a.first_ms for a in acts), dtype=np.int64, count=len(acts)),
+        last_ms=np.fromiter((a.last_ms for a in acts), dtype=np.int64, count=len(acts)),
+        depth=np.fromiter((a.max_depth for a in acts), dtype=np.int64, count=len(acts)),
+        services=np.array(masks, dtype=np.int64),
+    )
+
+
+def window_keys(
+    panes: list[PaneAggregate | None],
+    columns: list[PaneColumns | None] | None = None,
+    bits: ServiceBits | None = None,
+) -> tuple[WindowKeys, dict[str, int]]:
+    """Per-key drift inputs for one hopping window (panes oldest first, None where empty), and each
+    key's first access in it. `active_since_ms` is left at that first access; see `with_runs`.
+    `columns` (each pane's `pane_columns` under `bits`) takes the vectorised path: the same result,
+    rows in the same order (each key's first appearance, oldest pane first)."""
+    if columns is None or bits is None:
+        return _window_keys_slowly(panes)
+    present = [(i, c) for i, c in enumerate(columns) if c is not None]
+    all_keys: list[str] = []
+    for _, c in present:
+        all_keys += c.keys
+    order = dict.fromkeys(all_keys)  # first appearance, in pane order: the slow path's row order
+    index = {key: row for row, key in enumerate(order)}
+    rows = np.fromiter(map(index.__getitem__, all_keys), dtype=np.int64, count=len(all_keys))
+    cols = np.concatenate([np.full(len(c.keys), i, dtype=np.int64) for i, c in present]) if present else rows
+    n = len(index)
+
+    def stacked(name: str) -> np.ndarray:
+        return np.concatenate([getattr(c, name) for _, c in present]) if present else np.zeros(0, np.int64)
+
+    per_pane = np.zeros((n, len(panes)), dtype=np.int64)
+    np.add.at(per_pane, (rows, cols), stacked("count"))
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, rows, stacked("first_ms"))
+    last = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last, rows, stacked("last_ms"))
+    depth = np.zeros(n, dtype=np.int64)
+    np.maximum.at(depth, rows, stacked("depth"))
+    masks = np.zeros(n, dtype=np.int64)
+    np.bitwise_or.at(masks, rows, stacked("services"))
+    keys = WindowKeys(
+        keys=list(index),
+        count=per_pane.sum(axis=1),
+        last_ms=last,
+        depth=depth,
+        active_since_ms=first,
+        pane_counts=per_pane,
+        services=[bits.names_of(m) for m in masks.tolist()],
+    )
+    return keys, dict(zip(index, first.tolist(), strict=True))
+
+
+def _window_keys_slowly(panes: list[PaneAggregate | None]) -> tuple[WindowKeys, dict[str, int]]:
     """Per-key drift inputs for one hopping window (panes oldest first, None where empty), and each
     key's first access in it. `active_since_ms` is left at that first access; see `with_runs`."""
     index: dict[str, int] = {}
@@ -159,6 +278,7 @@ class Merge:
     def __init__(self, drift: DriftParams | None = None, *, drift_enabled: bool = True) -> None:
         self.drift = drift or DriftParams()
         self.drift_enabled = drift_enabled
+        self.bits = ServiceBits()
         self.counters = MergeCounters()
         self._parts: dict[int, _MergeState] = {}
 
@@ -243,6 +363,7 @@ class Merge:
             return []
         group.partials.setdefault(start, {})[partial.source_partition] = partial.aggregate
         group.merged.pop(start, None)
+        group.columns.pop(start, None)
         self.counters.partials += 1
         shard, model = partial.group
         key = table_key("part", partition, shard, model, start, partial.source_partition)
@@ -325,8 +446,11 @@ class Merge:
             if tumbling_start in gs.partials:
                 tumbling = self._merged(gs, tumbling_start)
                 out.events.append(window_computed(TUMBLING_1S, group, tumbling_start, tumbling))
-            panes = [self._merged(gs, s) if s in gs.partials else None for s in HOPPING_10S.panes(end)]
-            hopping = merge_all((p for p in panes if p is not None), activity=False)
+            starts = HOPPING_10S.panes(end)
+            panes = [self._merged(gs, s) if s in gs.partials else None for s in starts]
+            hopping = merge_all((p for p in panes if p is not None), activity=False, keys=False)
+            in_window = {s: p.keys for s, p in zip(starts, panes, strict=True) if p is not None}
+            hopping.keys = gs.sliding.slide(in_window)
             out.events.append(window_computed(HOPPING_10S, group, end - HOPPING_10S.size_ms, hopping))
             if drift:
                 self._drift(partition, group, gs, panes, end, out)
@@ -345,6 +469,7 @@ class Merge:
                 key = table_key("part", partition, group[0], group[1], start, source)
                 out.writes.append(TableWrite(partition, key, None))
             gs.merged.pop(start, None)
+            gs.columns.pop(start, None)
 
     @staticmethod
     def _merged(gs: _GroupState, start: int) -> PaneAggregate:
@@ -352,6 +477,29 @@ class Merge:
         if merged is None:
             merged = gs.merged[start] = merge_all(gs.partials[start][p] for p in sorted(gs.partials[start]))
         return merged
+
+    def _columns(
+        self, gs: _GroupState, end: int, panes: list[PaneAggregate | None]
+    ) -> list[PaneColumns | None] | None:
+        """The window's panes as columns (cached per pane); None when even fresh bits cannot name every
+        service of the window (the slow path then)."""
+        for _ in range(2):
+            out: list[PaneColumns | None] = []
+            for start, pane in zip(HOPPING_10S.panes(end), panes, strict=True):
+                if pane is None or pane.activity is None:
+                    out.append(None)
+                    continue
+                cached = gs.columns.get(start)
+                if cached is None or cached.generation != self.bits.generation:
+                    cached = pane_columns(pane, self.bits)
+                    if cached is None:
+                        break
+                    gs.columns[start] = cached
+                out.append(cached)
+            else:
+                return out
+            self.bits.reset()
+        return None
 
     def _drift(
         self,
@@ -362,7 +510,7 @@ class Merge:
         end: int,
         out: Emission,
     ) -> None:
-        keys, first = window_keys(panes)
+        keys, first = window_keys(panes, self._columns(gs, end, panes), self.bits)
         runs, started, ended = advance_runs(gs.runs, first)
         gs.runs = runs
         gs.runs_changed |= bool(started or ended)

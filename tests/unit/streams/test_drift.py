@@ -172,3 +172,47 @@ def test_planted_pulse_and_migration_are_labelled_within_two_windows() -> None:
             assert c.pattern != "pulse"
         if all(k.startswith("bg") for k in c.keys):
             assert c.pattern == "stable"
+
+
+def test_vectorised_window_keys_equal_the_per_key_walk_also_when_service_names_run_out() -> None:
+    """`window_keys` over pane columns gives the same rows, in the same order, as the per-key walk;
+    more distinct services than the bits hold resets them, and a window beyond even that takes the
+    walk."""
+    import random
+
+    from schemas.events import CacheAccessed
+    from streams.merge import ServiceBits, pane_columns, window_keys
+    from streams.windows import PaneAggregate
+
+    rng = random.Random(11)
+
+    def pane(start: int, services: int) -> PaneAggregate:
+        agg = PaneAggregate(activity={})
+        for n in range(60):
+            agg.add(
+                CacheAccessed(
+                    key=f"k{rng.randint(0, 40)}",
+                    hit=True,
+                    occurred_at_ms=start + rng.randint(0, 999),
+                    call_depth=rng.randint(0, 4),
+                    service=f"svc-{rng.randint(0, services - 1)}" if n % 7 else None,
+                )
+            )
+        return agg
+
+    bits = ServiceBits()
+    for services in (3, 40, 200):
+        panes = [None if i == 4 else pane(i * 1_000, services) for i in range(10)]
+        columns = [None if p is None else pane_columns(p, bits) for p in panes]
+        if any(c is None for c, p in zip(columns, panes, strict=True) if p is not None):
+            bits.reset()
+            columns = [None if p is None else pane_columns(p, bits) for p in panes]
+        walked, walked_first = window_keys(panes)
+        if services > ServiceBits.LIMIT:
+            assert any(c is None for c, p in zip(columns, panes, strict=True) if p is not None)
+            continue
+        fast, fast_first = window_keys(panes, columns, bits)
+        assert fast.keys == walked.keys and fast_first == walked_first
+        for name in ("count", "last_ms", "depth", "active_since_ms", "pane_counts"):
+            assert np.array_equal(getattr(fast, name), getattr(walked, name)), name
+        assert fast.services == walked.services

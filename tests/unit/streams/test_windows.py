@@ -167,3 +167,29 @@ def test_a_json_snapshot_does_not_change_with_the_live_aggregate() -> None:
 )
 def test_nearest_rank_percentile(values: list[float], q: float, expected: float | None) -> None:
     assert percentile(values, q) == expected
+
+
+def test_sliding_keys_equal_a_fresh_merge_of_the_panes_in_the_window() -> None:
+    """Panes enter and leave a sliding window (one rebuilt on the way): the kept counts equal merging
+    the window's panes from scratch, and a key whose count drops to zero leaves."""
+    import random
+
+    from streams.windows import SlidingKeys
+
+    rng = random.Random(3)
+    panes = {
+        s: {f"k{rng.randint(0, 30)}": rng.randint(1, 4) for _ in range(20)} for s in range(0, 30_000, 1_000)
+    }
+    sliding = SlidingKeys()
+    for end in range(1_000, 31_000, 1_000):
+        window = {s: panes[s] for s in range(end - 10_000, end, 1_000) if s in panes and rng.random() < 0.9}
+        if end == 15_000:  # a pane rebuilt (a re-sent partial): the new dict replaces the old one
+            panes[12_000] = dict(panes[12_000])
+            panes[12_000]["k-new"] = 2
+            window[12_000] = panes[12_000]
+        expected: dict[str, int] = {}
+        for keys in window.values():
+            for key, n in keys.items():
+                expected[key] = expected.get(key, 0) + n
+        assert sliding.slide(window) == expected
+    assert sliding.slide({}) == {}
