@@ -66,6 +66,7 @@ class Row:
     lag_max_ms: float
     worker_cpu_pct: float
     events_per_cpu_s: float
+    broker_cpu_pct: float
     keeps_up: bool
 
 
@@ -251,9 +252,9 @@ async def run(
 ) -> list[Row]:
     namespace = f"bench{uuid.uuid4().hex[:6]}."
     await ensure_topics(broker.bootstrap, namespace)
-    setup = f"{workers} faust worker{'s' if workers > 1 else ''}, " + (
-        "1 event/record" if batch <= 1 else f"batches of <= {batch}"
-    )
+    setup = (
+        f"{workers} faust worker{'s' if workers > 1 else ''}, " if workers else "no worker (broker only), "
+    ) + ("1 event/record" if batch <= 1 else f"batches of <= {batch}")
     ports, procs = [], []
     try:
         for n in range(workers):
@@ -291,6 +292,8 @@ async def run(
                     raise RuntimeError("workers did not settle")
                 await asyncio.sleep(0.5)
         rows = await _ladder(broker, namespace, setup, ports, procs, rates, seconds, warmup_s, batch)
+        if not workers:
+            rows = [Row(**{**asdict(r), "keeps_up": False}) for r in rows]
     finally:
         for worker in procs:
             worker.stop(20)
@@ -318,11 +321,14 @@ async def _ladder(
         for rate in rates:
             applied_before = await _applied(ports)
             cpu_before = sum(_cpu_seconds(w.pid) for w in procs)
+            broker_pid = getattr(broker, "pid", None)
+            broker_before = _cpu_seconds(broker_pid) if broker_pid else float("nan")
             start_ms, end_ms, sent_eps = await _produce_elsewhere(
                 broker.bootstrap, namespace, rate, seconds, batch
             )
             await asyncio.sleep(2.5)  # the last windows of the step close and arrive
             cpu = sum(_cpu_seconds(w.pid) for w in procs) - cpu_before
+            broker_cpu = (_cpu_seconds(broker_pid) if broker_pid else float("nan")) - broker_before
             applied = await _applied(ports) - applied_before
             # Steady state only: after the warm-up, and before traffic stops (the last windows
             # then close by idleness, not by newer events).
@@ -343,6 +349,7 @@ async def _ladder(
                     max(window) if window else float("nan"),
                     100.0 * cpu / (seconds + 2.5),
                     applied / cpu if cpu > 0 else float("nan"),
+                    100.0 * broker_cpu / (seconds + 2.5),
                     keeps_up,
                 )
             )
@@ -361,7 +368,10 @@ def main(
     ] = "1000,2000,3000,4000,5000",
     seconds: Annotated[float, typer.Option(help="Seconds per rate step")] = 12.0,
     warmup: Annotated[float, typer.Option(help="Seconds at the start of a step left out of the lag")] = 3.0,
-    workers: Annotated[str, typer.Option(help="Comma-separated worker counts, one run each")] = "1",
+    workers: Annotated[
+        str,
+        typer.Option(help="Comma-separated worker counts, one run each (0: the broker alone, for its CPU)"),
+    ] = "1",
     batch: Annotated[
         str, typer.Option(help="Comma-separated events per record (1: single CacheAccessed records)")
     ] = "1,64",
@@ -389,6 +399,7 @@ def main(
         "lag max ms",
         "worker CPU %",
         "events/CPU-s",
+        "broker CPU %",
     )
     for column in (*columns, "x offline", "< 1 s"):
         table.add_column(column, justify="left" if column == "setup" else "right")
@@ -404,10 +415,11 @@ def main(
             f"{r.lag_max_ms:,.0f}",
             f"{r.worker_cpu_pct:.0f}",
             f"{r.events_per_cpu_s:,.0f}",
+            f"{r.broker_cpu_pct:.0f}",
             f"{r.applied_eps / offline_eps:.2f}",
             "yes" if r.keeps_up else "no",
         )
-    blank = [""] * 6
+    blank = [""] * 7
     table.add_row("offline maths (no Kafka)", "", "", f"{offline_eps:,.0f}", *blank, "1.00", "")
     console = Console(width=200)
     console.print(table)
