@@ -355,7 +355,7 @@ async def produce(
                 await flush()
                 await asyncio.sleep(delay)
             if batch > 1 and isinstance(event, CacheAccessed):
-                partition = await publisher.partition_of(event)
+                (partition,) = await publisher.partitions_of([event])
                 pending.setdefault(partition, []).append(event)
                 if len(pending[partition]) >= batch:
                     await flush(partition)

@@ -138,12 +138,19 @@ class EventPublisher:
             self._pending.add(future)
             future.add_done_callback(functools.partial(self._on_background_ack, name, 1))
 
-    async def partition_of(self, event: Event) -> int:
-        """The partition `publish` sends `event` to: its key's, by the producer's default partitioner
-        (for grouping events into per-partition batch records)."""
-        producer = self._require_producer()
-        partitions = list(await producer.partitions_for(self.topic_for(event)))
-        return int(_PARTITIONER(event.kafka_key().encode(), partitions, partitions))
+    async def partitions_of(self, events: Sequence[Event]) -> list[int]:
+        """The partition `publish` sends each event to: its key's, by the producer's default
+        partitioner (for grouping events into per-partition batch records)."""
+        known: dict[str, list[int]] = {}
+        return [await self._partition(self.topic_for(e), e.kafka_key().encode(), known) for e in events]
+
+    async def _partition(self, name: str, key: bytes, known: dict[str, list[int]]) -> int:
+        """The default partitioner's choice for `key` on topic `name`; `known` keeps each topic's
+        partitions for the caller's batch."""
+        partitions = known.get(name)
+        if partitions is None:
+            partitions = known[name] = list(await self._require_producer().partitions_for(name))
+        return int(_PARTITIONER(key, partitions, partitions))
 
     async def publish_many(
         self, events: Sequence[Event], *, wait: bool = True, headers: list[tuple[str, bytes]] | None = None
@@ -160,9 +167,7 @@ class EventPublisher:
         by_partition: dict[tuple[str, int], list[tuple[bytes, bytes, list[tuple[str, bytes]]]]] = {}
         partitions: dict[str, list[int]] = {}
         for name, key, payload, record_headers in records:
-            if name not in partitions:
-                partitions[name] = list(await producer.partitions_for(name))
-            partition = _PARTITIONER(key, partitions[name], partitions[name])
+            partition = await self._partition(name, key, partitions)
             by_partition.setdefault((name, partition), []).append((key, payload, record_headers))
         futures: list[tuple[str, int, asyncio.Future[object]]] = []
         for (name, partition), batch_records in by_partition.items():

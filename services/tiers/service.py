@@ -409,8 +409,9 @@ class TiersService(Service):
                 if per_record > 1:
                     # One batch record per partition (and per `per_record` events): per-key order holds.
                     by_partition: dict[int, list[CacheAccessed]] = {}
-                    for event in events:
-                        by_partition.setdefault(await self.publisher.partition_of(event), []).append(event)
+                    partitions = await self.publisher.partitions_of(events)
+                    for event, partition in zip(events, partitions, strict=True):
+                        by_partition.setdefault(partition, []).append(event)
                     out = [
                         access_batch(group[i : i + per_record])
                         for group in by_partition.values()
