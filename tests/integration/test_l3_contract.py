@@ -25,6 +25,12 @@ async def contract_db(postgres) -> AsyncIterator[Database]:  # type: ignore[no-u
     admin = await asyncpg.connect(postgres.dsn)
     try:
         await admin.execute(f"CREATE SCHEMA {schema}")
+        # The migrations create pgvector where the search path points first: on a fresh server (this
+        # file run alone) that would be the test schema, and the codec looks for public.vector.
+        try:
+            await admin.execute("CREATE EXTENSION IF NOT EXISTS vector SCHEMA public")
+        except asyncpg.PostgresError:
+            pass  # no pgvector on this server: the fixture skips below
         # asyncpg hands unknown DSN parameters to the server as session settings: every pooled
         # connection resolves the tables in this schema first (pgvector's type stays in public).
         sep = "&" if "?" in postgres.dsn else "?"

@@ -118,3 +118,28 @@ async def test_unreachable_database_gives_a_clear_error_without_the_password() -
     assert "hunter2" not in str(err.value)
     assert "svc:***@127.0.0.1:1" in str(err.value)
     assert err.value.__cause__ is None
+
+
+async def test_a_connection_released_inside_a_transaction_comes_back_rolled_back(pg_settings) -> None:
+    """The pool skips asyncpg's per-release reset round trip; what it must still undo is an open
+    transaction (a caller cancelled between BEGIN and COMMIT): the next user starts clean and the
+    uncommitted row is gone."""
+    db = Database(pg_settings.model_copy(update={"pg_pool_min": 1, "pg_pool_max": 1}))
+    await db.start()
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    try:
+        await db.execute(f"CREATE TABLE {table} (x int)")
+
+        async def stuck(conn) -> None:  # type: ignore[no-untyped-def]
+            await conn.execute("BEGIN")
+            await conn.execute(f"INSERT INTO {table} VALUES (1)")
+
+        await db.run(stuck, transaction=False)
+
+        async def after(conn) -> tuple[bool, int]:  # type: ignore[no-untyped-def]
+            return conn.is_in_transaction(), await conn.fetchval(f"SELECT count(*) FROM {table}")
+
+        assert await db.run(after, transaction=False) == (False, 0)
+    finally:
+        await db.execute(f"DROP TABLE IF EXISTS {table}")
+        await db.stop()

@@ -284,10 +284,16 @@ class PostgresL3Store(L3Store):
             # same expression as the similarity column, so the same rows pass as the filter above.
             args.append(float(min_similarity))
             floor = f" AND 1 - (d.embedding <=> $1) >= ${len(args)}"
+        # The nearest keys first, from the descriptors alone, then the columns of those few rows: joined
+        # before the LIMIT, Postgres joins every candidate row's value (and runs the tag subqueries)
+        # before it sorts (EXPLAIN: a hash join over all 500 rows of a model, 1.1 ms -> 0.4 ms).
         near = (
-            f"(SELECT {_COLUMNS}, 1 - (d.embedding <=> $1) AS similarity {_FROM} "
+            f"(SELECT {_COLUMNS}, n.similarity FROM "
+            "(SELECT d.key, 1 - (d.embedding <=> $1) AS similarity FROM cache_descriptors d "
             f"WHERE d.embedding IS NOT NULL AND {_LIVE}{model_filter}{floor} "
-            "ORDER BY d.embedding <=> $1 LIMIT $3)"
+            "ORDER BY d.embedding <=> $1 LIMIT $3) n "
+            "JOIN cache_descriptors d ON d.key = n.key JOIN cache_values v ON v.key = d.key "
+            "ORDER BY n.similarity DESC)"
         )
         if key is None:
             return list(await self.db.fetch(near, *args))
