@@ -4,7 +4,9 @@ lookups of texts it has not seen (so the embedder's cache does not answer them):
 
 - open loop at a fixed rate (default 200/s for 20 s): p50/p99 from the scheduled send time, so queueing
   counts; exact-key lookups at the same rate as the baseline;
-- closed loop at 1 and 32 concurrent clients: lookups per second (text and exact key).
+- closed loop at 1 and 32 concurrent clients: lookups per second (text and exact key);
+- the floor: the same backend embedding one new text at a time in the bench process, nothing else
+  running (no HTTP, no search), so the table shows how much of a lookup is the model itself.
 
 Texts come from the semantic benchmark's prompts (../shared/data/semantic and fow-cache) in a few
 phrasings, each sent once. `--profile` runs the node under cProfile and writes the top functions.
@@ -210,6 +212,27 @@ async def closed_loop(url: str, bodies: list[bytes], clients: int, seconds: floa
     }
 
 
+def embed_alone(local: Embedder, texts: list[str]) -> dict[str, Any]:
+    """The floor under a text lookup: the same backend embedding one new text at a time in this process,
+    nothing else asked of it (no HTTP, no search, no queue). A lookup can be no faster than this."""
+    encode = local.embed_blocking
+    latencies = []
+    for text in texts:
+        started = time.perf_counter()
+        encode([text])
+        latencies.append(time.perf_counter() - started)
+    ms = np.asarray(latencies) * 1e3
+    return {
+        "kind": "embedding only",
+        "load": "one text at a time, no server",
+        "per_s": len(ms) / (ms.sum() / 1e3),
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "max_ms": float(ms.max()),
+        "done": len(ms),
+    }
+
+
 async def stats(url: str) -> dict[str, Any]:
     host, port = url.removeprefix("http://").split(":")
     conn = _Conn(*await asyncio.open_connection(host, int(port)))
@@ -272,6 +295,8 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
                 return [json.dumps({"key": keys[i % len(keys)], "model": model}).encode() for i in range(n)]
 
             n = int(args.rate * args.seconds)
+            rows.append(embed_alone(local, texts.take(300)))
+            console.print(rows[-1], style="dim")
             await closed_loop(url, text_bodies(50), 4, 5.0)  # warm-up: connections, first batches
             # Closed loops first: an overloaded open loop leaves the node a backlog that would stall them.
             for clients in (1, 32):
