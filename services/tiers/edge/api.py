@@ -437,6 +437,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         return outer if token is None else BearerAuth(outer, token=token)
 
     app.edge = edge
+    app.edge_paths = LookupFastPath.PATHS
 
     # The process's series (the node's and the runtime's), as on the metrics port: one scrape target.
     @app.get("/metrics", include_in_schema=False)
