@@ -9,6 +9,7 @@ import faust
 from aiokafka import AIOKafkaConsumer
 from aiokafka.errors import KafkaError
 from faust.exceptions import ConsumerNotStarted
+from faust.tables.recovery import Recovery
 from faust.types import TP
 
 
@@ -70,3 +71,13 @@ def set_fetch_max_wait(app: faust.App, wait_ms: int) -> bool:
         return False
     fetcher._fetch_max_wait_ms = wait_ms
     return True
+
+
+def recovery(app: faust.App) -> Recovery:
+    """faust's changelog recovery service (`TableManager.recovery`).
+
+    Public on the concrete `TableManager`, but `app.tables` is typed as the `TableManagerT`
+    interface, which does not declare it."""
+    tables: Any = app.tables
+    service: Recovery = tables.recovery
+    return service

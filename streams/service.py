@@ -3,25 +3,36 @@ of the common lifecycle, and serves its health, metrics and pages the way every 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import tempfile
+import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
 from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, Counter
 
 from infra.topics import ensure_topics
 from schemas.topics import BY_NAME
 from services.runtime.service import Loop, Service
+from streams import faust_adapter
 from streams import web as pages
 from streams.app import StreamsApp
+from streams.recovery_watch import RecoveryWatch
 from streams.settings import StreamsSettings
 from streams.topology import internal_topics, names
 
 log = logging.getLogger(__name__)
+
+RECOVERY_RESTARTS = Counter(
+    "cachemesh_streams_recovery_restarts_total",
+    "Changelog recoveries restarted by the watchdog after reading nothing for recovery_stall_s",
+)
+# How often the watchdog looks at the recovery (a fraction of any sensible stall period).
+_WATCH_INTERVAL_S = 1.0
 
 
 async def prepare(settings: StreamsSettings) -> int:
@@ -62,6 +73,7 @@ class StreamsService(Service):
         super().__init__(settings)
         self.streams_settings = settings
         self._streams: StreamsApp | None = None
+        self.recovery_watch = RecoveryWatch(settings.recovery_stall_s, settings.recovery_restarts)
 
     @property
     def streams(self) -> StreamsApp:
@@ -85,7 +97,34 @@ class StreamsService(Service):
         )
 
     def loops(self) -> list[Loop]:
-        return [self._run_app]
+        return [self._run_app, self._watch_recovery]
+
+    async def _watch_recovery(self) -> None:
+        """Restarts a changelog recovery that has stopped reading (faust's own restart, as on a new
+        rebalance); exits the worker when restarts do not help either."""
+        watch = self.recovery_watch
+        interval = min(_WATCH_INTERVAL_S, watch.stall_after_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            recovery = faust_adapter.recovery(self.streams.app)
+            remaining = recovery.active_remaining_total() if recovery.in_recovery else 0
+            verdict = watch.observe(time.monotonic(), recovery.in_recovery, remaining)
+            if verdict == "restart":
+                RECOVERY_RESTARTS.inc()
+                log.warning(
+                    "changelog recovery read nothing; restarting it",
+                    extra={
+                        "stalled_s": watch.stall_after_s,
+                        "remaining": remaining,
+                        "restarts": watch.restarts,
+                    },
+                )
+                recovery.signal_recovery_start.set()  # what a new assignment does: seek, resume, read
+            elif verdict == "give_up":
+                raise RuntimeError(
+                    f"changelog recovery stalled with {remaining} records to read after "
+                    f"{watch.give_up_after} restarts; exiting for the supervisor to start the worker again"
+                )
 
     async def _run_app(self) -> None:
         """Runs the faust app until the service stops; its stopping by itself (a crash) is fatal.
@@ -105,6 +144,7 @@ class StreamsService(Service):
         report = self._streams.health()
         report.pop("healthy")
         report.pop("service")
+        report["recovery_restarts"] = self.recovery_watch.restarts
         return report
 
     def routes(self) -> Sequence[web.AbstractRouteDef]:

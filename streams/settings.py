@@ -49,6 +49,10 @@ class StreamsSettings(ServiceSettings):
     stream_buffer: Annotated[int, Field(gt=0)] = 256
     # faust's own per-message Prometheus sensors on /metrics too (costs per-event work).
     faust_metrics: bool = False
+    # A changelog recovery that reads nothing for this long is restarted (streams/recovery_watch.py);
+    # after this many restarts in a row without progress the worker exits for its supervisor to start.
+    recovery_stall_s: Annotated[float, Field(gt=0)] = 30.0
+    recovery_restarts: Annotated[int, Field(ge=0)] = 3
 
     def drift_params(self) -> DriftParams:
         return DriftParams(

@@ -66,7 +66,9 @@ def replay_events() -> list[Event]:
 class Worker:
     """`python -m streams` as the launcher runs it."""
 
-    def __init__(self, broker: Broker, namespace: str, data_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self, broker: Broker, namespace: str, data_dir: Path, log_path: Path, **extra_env: str
+    ) -> None:
         self.port = free_port()
         data_dir.mkdir(parents=True, exist_ok=True)
         env = {
@@ -84,6 +86,7 @@ class Worker:
             # need the pauses shorter than idle_ms.
             "CACHEMESH_STREAMS_IDLE_MS": str(IDLE_MS),
             "CACHEMESH_STREAMS_FAUST_METRICS": "true",
+            **extra_env,
         }
         self.process = ServerProcess(
             [sys.executable, "-m", "streams"], log_path=log_path, env=env, cwd=REPO_ROOT
@@ -131,9 +134,9 @@ class Worker:
 def workers(tmp_path: Path):  # type: ignore[no-untyped-def]
     started: list[Worker] = []
 
-    def start(broker: Broker, namespace: str) -> Worker:
+    def start(broker: Broker, namespace: str, **env: str) -> Worker:
         n = len(started)
-        worker = Worker(broker, namespace, tmp_path / f"data{n}", tmp_path / f"worker{n}.log")
+        worker = Worker(broker, namespace, tmp_path / f"data{n}", tmp_path / f"worker{n}.log", **env)
         started.append(worker)
         return worker
 
@@ -252,6 +255,44 @@ async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
     assert_matches_offline(got, accesses)
     report = await restarted.health()
     assert report["late"] == 0
+
+
+async def test_a_recovery_the_watchdog_restarts_again_and_again_still_loses_no_count(
+    kafka: Broker, namespace: str, topics_on, workers
+) -> None:
+    """The recovery watchdog's restart (streams/recovery_watch.py) is faust's own, as on a new
+    assignment: with a stall period of 20 ms, far under the fetch round trips of a recovery, the
+    restarted worker's recovery is restarted dozens of times before it completes (about 90 here), and
+    the counts stay exact."""
+    await topics_on(kafka)
+    events = replay_events()
+    accesses = [e for e in events if isinstance(e, CacheAccessed)]
+    cut = BASE + 25_000
+    first = [e for e in events if e.occurred_at_ms < cut]
+    rest = [e for e in events if e.occurred_at_ms >= cut]
+    want_windows = {w.event_id for w in offline_windows(accesses)}
+    want_clusters = {c.event_id for c in offline_drift(accesses)}
+
+    worker = workers(kafka, namespace)
+    await worker.wait_healthy()
+    await produce(first, kafka.bootstrap, namespace, batch=48)
+    await worker.wait_until("applied", sum(1 for e in first if isinstance(e, CacheAccessed)) // 2)
+    await worker.wait_until("windows", 1)
+    worker.process.kill()
+
+    await produce(rest, kafka.bootstrap, namespace, batch=48)
+    impatient = {
+        "CACHEMESH_STREAMS_RECOVERY_STALL_S": "0.02",
+        "CACHEMESH_STREAMS_RECOVERY_RESTARTS": "1000000",
+    }
+    restarted = workers(kafka, namespace, **impatient)
+    await restarted.wait_healthy()
+    got = await collect(kafka.bootstrap, namespace, want_windows, want_clusters)
+
+    assert_matches_offline(got, accesses)
+    report = await restarted.health()
+    assert report["late"] == 0
+    assert report["recovery_restarts"] >= 1, "the watchdog never restarted the recovery: nothing was tested"
 
 
 async def _eventually(check, what: str, timeout_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
