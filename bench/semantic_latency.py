@@ -49,6 +49,7 @@ from infra.topics import ensure_topics
 from services.tiers.edge.embedder import Embedder
 
 ROOT = Path(__file__).resolve().parents[1]
+_STALE_S = 4.0  # under uvicorn's keep-alive timeout (5 s)
 PHRASINGS = (
     "{}",
     "Quick question: {}",
@@ -141,17 +142,24 @@ async def open_loop(url: str, bodies: list[bytes], rate: float, grace_s: float =
     latency it had reached (a lower bound), so an overloaded node ends the run instead of draining."""
     host, port = url.removeprefix("http://").split(":")
     head = _post_head("/v1/lookup", host)
-    idle = [_Conn(*await asyncio.open_connection(host, int(port))) for _ in range(16)]
+    # (connection, when it was last used): the node (uvicorn) closes a keep-alive connection idle for 5 s,
+    # and the bottom of this stack can sit that long until a backlog reaches it; such a one is replaced
+    # rather than written to (it would count as an error the node never made).
+    idle = [(_Conn(*await asyncio.open_connection(host, int(port))), time.perf_counter()) for _ in range(16)]
     latencies: list[float] = []
     errors = 0
 
     async def one(body: bytes, due: float) -> None:
         nonlocal errors
         try:
-            conn = idle.pop() if idle else _Conn(*await asyncio.open_connection(host, int(port)))
+            conn, used = idle.pop() if idle else (None, 0.0)
+            if conn is None or time.perf_counter() - used > _STALE_S:
+                if conn is not None:
+                    conn.writer.close()
+                conn = _Conn(*await asyncio.open_connection(host, int(port)))
             if await conn.post(head, body) != 200:
                 errors += 1
-            idle.append(conn)
+            idle.append((conn, time.perf_counter()))
         except (OSError, asyncio.IncompleteReadError):
             errors += 1
         latencies.append(time.perf_counter() - due)
@@ -170,7 +178,7 @@ async def open_loop(url: str, bodies: list[bytes], rate: float, grace_s: float =
         task.cancel()
     latencies += [now - (start + i / rate) for i, t in enumerate(tasks) if t in pending]
     elapsed = now - start
-    for conn in idle:
+    for conn, _ in idle:
         conn.writer.close()
     ms = np.asarray(latencies) * 1e3
     return {
