@@ -32,6 +32,10 @@ OPSET = 17
 MAX_LENGTH = 256  # the model's max_seq_length (sentence_bert_config.json)
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 MAX_BATCH_TOKENS = 2048
+# A batch holds texts within this ratio of the shortest one's length: padding is paid in full (one
+# batch of 30 texts of mixed lengths cost 6.3 ms per text against 3.6 ms one by one; of equal lengths,
+# 1.4 ms against 2.7).
+MAX_PAD_RATIO = 1.25
 # Per-channel weight scales: per-tensor ones (onnxruntime's default) leave the vectors at cosine 0.966 to
 # fp32's on average (0.91 at worst) and cost 3-5 points of paraphrase hits; per channel, 0.994 (0.975).
 INT8_OPTIONS: dict[str, Any] = {"per_channel": True}
@@ -205,6 +209,26 @@ def ensure_model(model_dir: Path, *, int8: bool, root: Path | None = None) -> Pa
         raise OnnxUnavailable(f"ONNX export failed: {type(exc).__name__}: {exc}") from exc
 
 
+def plan_chunks(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """The model calls for texts of these token lengths: indices sorted by length and cut so that a
+    call pads little, with at most `batch_size` rows, MAX_BATCH_TOKENS padded tokens, and no row padded
+    past MAX_PAD_RATIO times the call's shortest (the cost is per padded token)."""
+    chunks: list[list[int]] = [[]]
+    shortest = 0
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
+        width = lengths[i]
+        if chunks[-1] and (
+            len(chunks[-1]) >= batch_size
+            or (len(chunks[-1]) + 1) * width > MAX_BATCH_TOKENS
+            or width > shortest * MAX_PAD_RATIO
+        ):
+            chunks.append([])
+        if not chunks[-1]:
+            shortest = width
+        chunks[-1].append(i)
+    return [c for c in chunks if c]
+
+
 class OnnxSentenceEncoder:
     """Tokenise with tokenizer.json, run the ONNX graph, return unit-norm float32 rows.
 
@@ -232,18 +256,8 @@ class OnnxSentenceEncoder:
         if not texts:
             return np.zeros((0, 384), dtype=np.float32)
         encodings = self.tokenizer.encode_batch(list(texts))
-        # Sorted by length and cut so that a batch pads little: at most `batch_size` rows and
-        # MAX_BATCH_TOKENS padded tokens (a long text would otherwise pad a whole batch to its length).
-        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
         out = np.empty((len(texts), 384), dtype=np.float32)
-        chunks: list[list[int]] = [[]]
-        for i in order:
-            width = len(encodings[i].ids)
-            if chunks[-1] and (
-                len(chunks[-1]) >= batch_size or (len(chunks[-1]) + 1) * width > MAX_BATCH_TOKENS
-            ):
-                chunks.append([])
-            chunks[-1].append(i)
+        chunks = plan_chunks([len(e.ids) for e in encodings], batch_size)
         for rows in chunks:
             width = max(len(encodings[i].ids) for i in rows)
             feeds = {name: np.zeros((len(rows), width), dtype=np.int64) for name in INPUTS}

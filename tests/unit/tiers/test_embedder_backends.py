@@ -136,3 +136,28 @@ def test_int8_without_the_onnx_package_falls_back_to_onnx(
 def test_an_unknown_backend_is_refused() -> None:
     with pytest.raises(ValueError, match="backend"):
         Embedder(backend="tensorflow")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 64])
+def test_the_chunk_plan_covers_every_text_once_and_pads_little(batch_size: int) -> None:
+    rng = np.random.default_rng(0)
+    lengths = [int(n) for n in rng.integers(30, 257, size=300)] + [5] * 40
+    chunks = onnx_embedder.plan_chunks(lengths, batch_size)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    for c in chunks:
+        widths = [lengths[i] for i in c]
+        assert len(c) <= batch_size
+        assert len(c) == 1 or len(c) * max(widths) <= onnx_embedder.MAX_BATCH_TOKENS
+        assert max(widths) <= min(widths) * onnx_embedder.MAX_PAD_RATIO
+    # Texts of one length share calls: forty of 5 tokens go in ceil(40 / batch_size) calls.
+    fives = [c for c in chunks if all(lengths[i] == 5 for i in c)]
+    assert len(fives) == -(-40 // batch_size)
+
+
+def test_a_batch_of_mixed_lengths_gives_the_rows_of_one_text_at_a_time(
+    onnx_rows: np.ndarray, cache_root: Path
+) -> None:
+    """The same vectors however the texts are cut into calls (padding is masked out)."""
+    one_by_one = Embedder(backend="onnx").embed_blocking  # a fresh encoder, one text per call
+    singles = np.concatenate([one_by_one([t]) for t in TEXTS])
+    assert ((singles * onnx_rows).sum(1)).min() >= 0.99999
