@@ -225,11 +225,12 @@ async def test_windows_equal_the_offline_computation_and_drift_is_labelled(
     assert report["applied"] == len(accesses) and report["late"] == 0
 
 
-@pytest.mark.parametrize("batch", [1, 48], ids=["one access per record", "CacheAccessBatch records"])
-async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
-    kafka: Broker, namespace: str, topics_on, workers, batch: int
-) -> None:
-    await topics_on(kafka)
+async def _kill_mid_stream_and_restart(
+    kafka: Broker, namespace: str, workers: Any, batch: int, **restart_env: str
+) -> dict[str, Any]:
+    """A worker killed mid-stream (state in its tables, windows out, some records applied but not yet
+    committed), the rest produced, a new worker started with `restart_env`: every window and cluster
+    must match the offline computation. Returns the new worker's health report."""
     events = replay_events()
     accesses = [e for e in events if isinstance(e, CacheAccessed)]
     cut = BASE + 25_000
@@ -242,18 +243,25 @@ async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
     await worker.wait_healthy()
     await produce(first, kafka.bootstrap, namespace, batch=batch)
     first_accesses = sum(1 for e in first if isinstance(e, CacheAccessed))
-    # Mid-stream: state in the tables, windows out, some records applied but not yet committed.
     await worker.wait_until("applied", first_accesses // 2)
     await worker.wait_until("windows", 1)
     worker.process.kill()
 
     await produce(rest, kafka.bootstrap, namespace, batch=batch)
-    restarted = workers(kafka, namespace)
+    restarted = workers(kafka, namespace, **restart_env)
     await restarted.wait_healthy()
     got = await collect(kafka.bootstrap, namespace, want_windows, want_clusters)
 
     assert_matches_offline(got, accesses)
-    report = await restarted.health()
+    return await restarted.health()
+
+
+@pytest.mark.parametrize("batch", [1, 48], ids=["one access per record", "CacheAccessBatch records"])
+async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
+    kafka: Broker, namespace: str, topics_on, workers, batch: int
+) -> None:
+    await topics_on(kafka)
+    report = await _kill_mid_stream_and_restart(kafka, namespace, workers, batch)
     assert report["late"] == 0
 
 
@@ -265,32 +273,11 @@ async def test_a_recovery_the_watchdog_restarts_again_and_again_still_loses_no_c
     restarted worker's recovery is restarted dozens of times before it completes (about 90 here), and
     the counts stay exact."""
     await topics_on(kafka)
-    events = replay_events()
-    accesses = [e for e in events if isinstance(e, CacheAccessed)]
-    cut = BASE + 25_000
-    first = [e for e in events if e.occurred_at_ms < cut]
-    rest = [e for e in events if e.occurred_at_ms >= cut]
-    want_windows = {w.event_id for w in offline_windows(accesses)}
-    want_clusters = {c.event_id for c in offline_drift(accesses)}
-
-    worker = workers(kafka, namespace)
-    await worker.wait_healthy()
-    await produce(first, kafka.bootstrap, namespace, batch=48)
-    await worker.wait_until("applied", sum(1 for e in first if isinstance(e, CacheAccessed)) // 2)
-    await worker.wait_until("windows", 1)
-    worker.process.kill()
-
-    await produce(rest, kafka.bootstrap, namespace, batch=48)
     impatient = {
         "CACHEMESH_STREAMS_RECOVERY_STALL_S": "0.02",
         "CACHEMESH_STREAMS_RECOVERY_RESTARTS": "1000000",
     }
-    restarted = workers(kafka, namespace, **impatient)
-    await restarted.wait_healthy()
-    got = await collect(kafka.bootstrap, namespace, want_windows, want_clusters)
-
-    assert_matches_offline(got, accesses)
-    report = await restarted.health()
+    report = await _kill_mid_stream_and_restart(kafka, namespace, workers, 48, **impatient)
     assert report["late"] == 0
     assert report["recovery_restarts"] >= 1, "the watchdog never restarted the recovery: nothing was tested"
 

@@ -213,20 +213,20 @@ def plan_chunks(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     """The model calls for texts of these token lengths: indices sorted by length and cut so that a
     call pads little, with at most `batch_size` rows, MAX_BATCH_TOKENS padded tokens, and no row padded
     past MAX_PAD_RATIO times the call's shortest (the cost is per padded token)."""
-    chunks: list[list[int]] = [[]]
-    shortest = 0
+    chunks: list[list[int]] = []
+    shortest = 0  # of the last call: lengths come in ascending order
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i]):
         width = lengths[i]
-        if chunks[-1] and (
-            len(chunks[-1]) >= batch_size
+        if (
+            not chunks
+            or len(chunks[-1]) >= batch_size
             or (len(chunks[-1]) + 1) * width > MAX_BATCH_TOKENS
             or width > shortest * MAX_PAD_RATIO
         ):
             chunks.append([])
-        if not chunks[-1]:
             shortest = width
         chunks[-1].append(i)
-    return [c for c in chunks if c]
+    return chunks
 
 
 class OnnxSentenceEncoder:
