@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -33,15 +34,21 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
     launcher = subprocess.Popen(
         [*CLI, "up"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
+    # The launcher's stderr is read as it comes: `cachemesh status` can see every component healthy
+    # a poll before the launcher's own loop does, and a Ctrl-C in between would stop it before it
+    # says so. The test waits for both.
+    err_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: err_chunks.extend(iter(launcher.stderr.readline, b"")))  # type: ignore[union-attr]
+    reader.start()
     try:
         deadline = time.monotonic() + 180
         code, rows = 3, []
         while time.monotonic() < deadline and launcher.poll() is None:
             code, rows = _status(env)
-            if code == 0:
+            if code == 0 and b"all healthy in" in b"".join(err_chunks):
                 break
             time.sleep(1)
-        assert launcher.poll() is None, launcher.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+        assert launcher.poll() is None, b"".join(err_chunks).decode()[-3000:]
         assert code == 0, rows
         components = {r["component"] for r in rows}
         assert {"broker", "postgres"} <= components
@@ -49,12 +56,15 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         assert children, "broker, Postgres and services run as child processes"
 
         launcher.send_signal(signal.SIGINT)
-        out, err = launcher.communicate(timeout=120)
+        launcher.wait(timeout=120)  # its stdout is one line of JSON: no pipe fills meanwhile
+        out = launcher.stdout.read()  # type: ignore[union-attr]
     finally:
         if launcher.poll() is None:
             launcher.kill()
-    assert launcher.returncode == 0, err.decode()[-3000:]
-    assert "all healthy in" in err.decode()
+        reader.join(timeout=30)
+    err = b"".join(err_chunks).decode()
+    assert launcher.returncode == 0, err[-3000:]
+    assert "all healthy in" in err
     timings = json.loads(out.decode().strip().splitlines()[-1])["timings"]
     assert timings["all_healthy_s"] > 0
     # Reaped or exited (a zombie has exited; reaping it is init's job), waited for, not slept on.
