@@ -34,6 +34,7 @@ from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.service import Loop, Service
 from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder
+from services.tiers.edge.wire import wire_options
 from services.tiers.l1.cache import L1Cache, monotonic_ms
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.net.frames import RdmaUnavailable
@@ -290,17 +291,26 @@ class TiersService(Service):
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.cache is not None
         s = self.settings
+        app = create_app(self.cache, s, self.embedder)
         self._api = await serve_in_loop(
-            create_app(self.cache, s, self.embedder),
+            app,
             s.api_host,
             s.api_port,
             "tiers API",
-            http="httptools",  # a declared dependency; h11 costs several times more per request
+            # httptools (h11 costs several times more per request), with the plain lookups answered
+            # below uvicorn's ASGI cycle (edge/wire.py)
+            **wire_options(app if s.wire_fast_path else None),
             proxy_headers=False,  # nothing reads the client address; its wrapper costs on every request
         )
         self.api_port = self._api.port
         stack.push_async_callback(self._stop_api)
         log.info("tiers API listening", extra={"url": self.api_url})
+
+    @property
+    def wire_answered(self) -> int:
+        """Lookups the API answered at the wire (edge/wire.py) rather than through the ASGI app."""
+        protocol = self._api.config.http_protocol_class if self._api is not None else None
+        return getattr(protocol, "answered", 0)
 
     async def _stop_api(self) -> None:
         server, self._api = self._api, None

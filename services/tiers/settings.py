@@ -93,6 +93,9 @@ class TiersSettings(ServiceSettings):
     max_text_chars: Annotated[int, Field(gt=0)] = 8192
     # Whole request bodies above this are refused with 413 before they are parsed.
     max_request_bytes: Annotated[int, Field(gt=0)] = 8 << 20
+    # Plain lookup requests answered at the HTTP wire, below uvicorn's ASGI cycle (edge/wire.py); off:
+    # every request goes through the ASGI app (same answers, more CPU per request).
+    wire_fast_path: bool = True
 
     # --- events ------------------------------------------------------------------------------
     # cache.access events wait at most this long to share a batch; a request never waits on Kafka.

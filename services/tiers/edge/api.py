@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from schemas.events import MAX_KEY_CHARS
 from services.runtime.docs import serve_docs
 from services.tiers import codec
-from services.tiers.edge.asgi import BodyLimit, EdgeFirst, LookupFastPath, encode_json
+from services.tiers.edge.asgi import BodyLimit, EdgeFirst, LookupAnswers, LookupFastPath, encode_json
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
 from services.tiers.edge.models import (
     BatchBody,
@@ -424,19 +424,20 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     app.include_router(prefix_router(cache, settings))
     _document_bearer(app)
 
+    answers = LookupAnswers(
+        lookup_one,
+        lookup_many,
+        latency={p: TIERS.route(settings.node_id, p) for p in LookupAnswers.PATHS},
+        max_bytes=settings.max_request_bytes,
+        token=token,
+    )
+
     def edge(inner: ASGIApp) -> ASGIApp:
-        outer: ASGIApp = BodyLimit(
-            LookupFastPath(
-                inner,
-                one=lookup_one,
-                many=lookup_many,
-                latency={p: TIERS.route(settings.node_id, p) for p in LookupFastPath.PATHS},
-            ),
-            settings.max_request_bytes,
-        )
+        outer: ASGIApp = BodyLimit(LookupFastPath(inner, answers), settings.max_request_bytes)
         return outer if token is None else BearerAuth(outer, token=token)
 
     app.edge = edge
+    app.lookup_answers = answers  # the wire-level fast path (wire.py) answers with it too
     app.edge_paths = LookupFastPath.PATHS
 
     # The process's series (the node's and the runtime's), as on the metrics port: one scrape target.

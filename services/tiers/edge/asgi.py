@@ -27,7 +27,10 @@ def encode_json(body: Any) -> bytes:
 
 async def send_json(send: Send, status_code: int, body: Any) -> None:
     """A JSON response as bare ASGI messages (no Response object: the lookup path counts microseconds)."""
-    raw = encode_json(body)
+    await send_raw_json(send, status_code, encode_json(body))
+
+
+async def send_raw_json(send: Send, status_code: int, raw: bytes) -> None:
     await send(
         {
             "type": "http.response.start",
@@ -46,6 +49,8 @@ class EdgeFirst(FastAPI):
     # Paths the edge answers whole: FastAPI's own telemetry (0.165+: a span, metrics and log hooks per
     # request, wrapped around the app outside its middleware stack) is skipped for them too.
     edge_paths: tuple[str, ...] = ()
+    # What the wire-level fast path (wire.py) answers the lookups with, below uvicorn's ASGI cycle.
+    lookup_answers: "LookupAnswers | None" = None
 
     def build_middleware_stack(self) -> ASGIApp:
         inner = super().build_middleware_stack()
@@ -96,24 +101,62 @@ class BodyLimit:
         return counted
 
 
-class LookupFastPath:
-    """Answers POST /v1/lookup and /v1/lookup/batch in front of FastAPI's middleware, routing and
-    dependency machinery (on this path it costs more than the lookup itself): the body is validated by
-    pydantic straight from JSON, errors come out as the routes' would. Everything else goes to the app."""
+class LookupAnswers:
+    """The lookup routes' answers (POST /v1/lookup and /v1/lookup/batch) from the raw request body to the
+    encoded response: the body is validated by pydantic straight from JSON, errors come out as the routes'
+    would. Shared by the ASGI fast path below and the wire-level one (`wire.py`)."""
 
     PATHS = ("/v1/lookup", "/v1/lookup/batch")
 
     def __init__(
         self,
-        app: ASGIApp,
         one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
         many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
         latency: dict[str, LatencyMs] | None = None,
+        *,
+        max_bytes: int,
+        token: bytes | None = None,
     ) -> None:
-        self.app = app
         self.one = one
         self.many = many
         self.latency = latency or {}  # by path: the request's time here, body read to answer sent
+        self.max_bytes = max_bytes  # what BodyLimit refuses (the wire path leaves such a request to it)
+        # what BearerAuth asks for (likewise), as it compares it
+        self.bearer = None if token is None else b"bearer " + token
+
+    async def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
+        """(status, JSON) for `body` posted to `path` (one of PATHS)."""
+        try:
+            if path == "/v1/lookup":
+                status, payload = 200, await self.one(LookupBody.model_validate_json(body))
+            else:
+                status, payload = 200, await self.many(BatchBody.model_validate_json(body))
+        except ValidationError as exc:
+            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+            status, payload = 422, {"detail": detail}
+        except HTTPException as exc:
+            status, payload = exc.status_code, {"detail": exc.detail}
+        except Exception:  # in front of FastAPI's error middleware: a bug here still answers, and is logged
+            log.exception("lookup failed", extra={"path": path})
+            status, payload = 500, {"detail": "internal error (logged by the node)"}
+        return status, encode_json(payload)
+
+    def observe(self, path: str, started_ns: int) -> None:
+        hist = self.latency.get(path)
+        if hist is not None:
+            hist.observe((time.perf_counter_ns() - started_ns) / 1e6)
+
+
+class LookupFastPath:
+    """Answers the lookup routes (`LookupAnswers`) in front of FastAPI's middleware, routing and
+    dependency machinery (on this path it costs more than the lookup itself). Everything else goes to
+    the app."""
+
+    PATHS = LookupAnswers.PATHS
+
+    def __init__(self, app: ASGIApp, answers: LookupAnswers) -> None:
+        self.app = app
+        self.answers = answers
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.PATHS:
@@ -127,20 +170,9 @@ class LookupFastPath:
                 chunks.append(message.get("body", b""))
                 if not message.get("more_body"):
                     break
-            body = b"".join(chunks)
-            if scope["path"] == "/v1/lookup":
-                status, payload = 200, await self.one(LookupBody.model_validate_json(body))
-            else:
-                status, payload = 200, await self.many(BatchBody.model_validate_json(body))
-        except ValidationError as exc:
-            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            status, payload = 422, {"detail": detail}
         except HTTPException as exc:
-            status, payload = exc.status_code, {"detail": exc.detail}
-        except Exception:  # in front of FastAPI's error middleware: a bug here still answers, and is logged
-            log.exception("lookup failed", extra={"path": scope["path"]})
-            status, payload = 500, {"detail": "internal error (logged by the node)"}
-        await send_json(send, status, payload)
-        hist = self.latency.get(scope["path"])
-        if hist is not None:
-            hist.observe((time.perf_counter_ns() - started) / 1e6)
+            await send_json(send, exc.status_code, {"detail": exc.detail})
+            return
+        status, raw = await self.answers.answer(scope["path"], b"".join(chunks))
+        await send_raw_json(send, status, raw)
+        self.answers.observe(scope["path"], started)
