@@ -13,13 +13,33 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache, wraps
+from typing import TypeVar
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z'\-]*|\d+(?:[.,:/]\d+)*")
 _SENTENCE_END = re.compile(r"[.!?;:]\s+|\n")
+_T = TypeVar("_T")
+# The analyses of one text below are pure and memoised: a cached prompt is compared with many
+# requests, and one request with several candidates (the same text was parsed for each pair, up to
+# a fifth of a text lookup's CPU on the event loop). What they return is immutable, or treated so.
+# Texts up to _MEMO_CHARS are remembered, _MEMO_TEXTS of them per analysis (a few MB at most).
+_MEMO_TEXTS = 2048
+_MEMO_CHARS = 512
 
 
-def _words(text: str) -> list[str]:
-    return [w.lower() for w in _WORD.findall(text.replace("\u2019", "'"))]
+def _memo(analyse: Callable[[str], _T]) -> Callable[[str], _T]:
+    remembered = lru_cache(maxsize=_MEMO_TEXTS)(analyse)
+
+    @wraps(analyse)
+    def call(text: str) -> _T:
+        return remembered(text) if len(text) <= _MEMO_CHARS else analyse(text)
+
+    return call
+
+
+@_memo
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(w.lower() for w in _WORD.findall(text.replace("\u2019", "'")))
 
 
 # --- negation -----------------------------------------------------------------------------------------
@@ -40,6 +60,7 @@ _PREFIXES = ("un", "in", "im", "il", "ir", "dis", "non")
 _ANSWER_PARTICLE = re.compile(r"(^|[.!?]\s+)(no|yes)\s*[,.!]", re.IGNORECASE)
 
 
+@_memo
 def _negations(text: str) -> int:
     """Negating words, "n't", and "no-"/"non-" compounds; a leading "No," answers, it does not negate,
     and "neither ... nor" negates once."""
@@ -63,12 +84,13 @@ def negation(cached: str, request: str) -> str | None:
     sa, sb = set(a), set(b)
     for only, other in ((sa - sb, sb - sa), (sb - sa, sa - sb)):
         for word in only:
-            if "-" in word:
+            if "-" in word or not word.startswith(_PREFIXES):
                 continue  # "non-streaming" was counted as a negation above
             for prefix in _PREFIXES:
-                base = word[len(prefix) :].lstrip("-")
-                if word.startswith(prefix) and len(base) >= 4 and base in other:
-                    return f"negated form: {base!r} vs {word!r}"
+                if word.startswith(prefix):
+                    base = word[len(prefix) :]
+                    if len(base) >= 4 and base in other:
+                        return f"negated form: {base!r} vs {word!r}"
     return None
 
 
@@ -111,6 +133,7 @@ _QUANTITY = re.compile(
 _LIST_MARKER = re.compile(r"(^|\s)\(?\d{1,2}[).]\s")
 
 
+@_memo
 def _quantities(text: str) -> tuple[Counter[str], Counter[str]]:
     """Numbers normalised with their currency or unit, named days and months; (from digits, from words).
 
@@ -166,7 +189,8 @@ _NOT_ENTITIES = (
 )
 
 
-def _entities(text: str) -> list[str]:
+@_memo
+def _entities(text: str) -> tuple[str, ...]:
     """Capitalised words that are not sentence openers, acronyms, and quoted strings (lower-cased)."""
     text = text.replace("\u2019", "'")
     found: list[str] = [q.strip().lower() for q in _QUOTED.findall(text)]
@@ -182,7 +206,7 @@ def _entities(text: str) -> list[str]:
             if word.lower() in _NOT_ENTITIES or word.lower() in WEEKDAYS or word.lower() in _MONTH_NAMES:
                 continue
             found.append(word.lower())
-    return found
+    return tuple(found)
 
 
 def _initials(text: str) -> str:
@@ -211,6 +235,7 @@ _STOP = frozenset(
 )
 
 
+@_memo
 def _roles(text: str) -> dict[str, frozenset[str]]:
     """What follows each directional word ("from X to Y"), as sets of content words."""
     words = _words(text)

@@ -90,3 +90,24 @@ def test_best_candidate_prefers_a_near_exact_match_in_a_slower_tier() -> None:
     assert best.served and best.candidate is slow and best.conclusive
     trap = Candidate("c", "How do I not reset my password?", 0.99, tier=0)
     assert d.best_candidate("How do I reset my password?", [trap]).verdict is Verdict.MISS
+
+
+def test_a_remembered_analysis_answers_as_a_fresh_one() -> None:
+    # The per-text analyses are memoised for short texts; a long one is analysed every time. Either
+    # way the verdict is the same, asked once or again, in either order of the pair.
+    long_a = "How do I reset my password? " + "Please explain the steps in detail. " * 20
+    long_b = long_a.replace("reset", "not reset", 1)
+    assert len(long_a) > guards._MEMO_CHARS
+    pairs = [
+        ("How do I reset my password?", "How do I not reset my password?", "negation"),
+        ("Flights from London to Paris", "Flights from Paris to London", "entities"),
+        ("How long to roast a 1kg chicken?", "How long to roast a 2kg chicken?", "numbers"),
+        ("Is the drug safe in pregnancy?", "Is the drug unsafe in pregnancy?", "negation"),
+        (long_a, long_b, "negation"),
+        ("How do I reset my password?", "How can I reset my password?", None),
+    ]
+    for a, b, fired in pairs:
+        for _ in range(3):
+            for x, y in ((a, b), (b, a)):
+                hit = guards.check(x, y)
+                assert (hit.guard if hit else None) == fired, (x[:40], y[:40])
