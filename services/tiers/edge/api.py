@@ -13,7 +13,6 @@ model is unavailable.
 # at runtime, and they name locals of create_app.
 import base64
 import binascii
-import hmac
 import json
 import math
 import sys
@@ -29,7 +28,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from schemas.events import MAX_KEY_CHARS
 from services.runtime.docs import serve_docs
 from services.tiers import codec
-from services.tiers.edge.asgi import BodyLimit, EdgeFirst, LookupAnswers, LookupFastPath, encode_json
+from services.tiers.edge.asgi import (
+    BodyLimit,
+    EdgeFirst,
+    LookupAnswers,
+    LookupFastPath,
+    bearer_matches,
+    encode_json,
+)
 from services.tiers.edge.embedder import Embedder, EmbedderUnavailable
 from services.tiers.edge.models import (
     BatchBody,
@@ -463,8 +469,7 @@ class BearerAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"].startswith("/v1/"):
             given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-            scheme, _, credentials = given.partition(b" ")
-            if not hmac.compare_digest(scheme.lower() + b" " + credentials.strip(), self.expected):
+            if not bearer_matches(given, self.expected):
                 response = JSONResponse(
                     {"detail": "missing or wrong bearer token"},
                     status_code=401,

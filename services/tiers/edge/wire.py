@@ -15,15 +15,14 @@ Responses stay in order: a request that arrives behind a fast one waits in uvico
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from services.tiers.edge.asgi import LookupAnswers
+from services.tiers.edge.asgi import LookupAnswers, bearer_matches
 
-_FAST = {b"/v1/lookup": "/v1/lookup", b"/v1/lookup/batch": "/v1/lookup/batch"}
+_FAST = {path.encode(): path for path in LookupAnswers.PATHS}  # the raw URL a plain request names
 _HEAD_JSON = b"content-type: application/json\r\ncontent-length: "
 
 
@@ -60,7 +59,6 @@ class LookupWireProtocol(HttpToolsProtocol):
         if answers is None or path is None or not self._plain(answers):
             super().on_headers_complete()
             return
-        self.scope["method"] = "POST"
         self.cycle = FastCycle(path, time.perf_counter_ns())  # type: ignore[assignment]
 
     def _plain(self, answers: LookupAnswers) -> bool:
@@ -88,11 +86,7 @@ class LookupWireProtocol(HttpToolsProtocol):
                 auth = value
         if length is None or not length.isdigit() or int(length) > answers.max_bytes:
             return False
-        if answers.bearer is not None:
-            scheme, _, credentials = auth.partition(b" ")
-            if not hmac.compare_digest(scheme.lower() + b" " + credentials.strip(), answers.bearer):
-                return False
-        return True
+        return answers.bearer is None or bearer_matches(auth, answers.bearer)
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle
