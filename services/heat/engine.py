@@ -8,12 +8,19 @@ child can arrive before its parent. The policy never admits a block whose parent
 (an orphan can never be a prefix hit), so the engine parks such a child until its parent arrives,
 for at most `orphan_hold_ms` of event time and `max_orphans` blocks; past either it is applied as
 it is (and rejected, as an orphan). Parked blocks are not checkpointed: a restart forgets them.
+
+Several heat services share the partitions through their consumer group, each the owner of its keys:
+`apply` is told where an event came from (topic, partition), and when a rebalance takes partitions
+away, `forget` drops the keys that arrived on them (their new owner decides them from then on, and no
+decision about them goes out from here again). A chain's blocks sit on any partition, so a block's
+parent may belong to another owner (`foreign_parent`); such a block starts a chain here instead of
+waiting for a parent that will never arrive.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Collection, Hashable
 
 from policies.base import AccessMeta, Eviction
 from policies.learned.heat import HeatPolicy
@@ -29,6 +36,8 @@ from schemas.events import (
     KvBlockStored,
 )
 
+Origin = tuple[str, int]  # (topic, partition) an event was read from
+
 # The policy spells it with a hyphen; the wire contract with an underscore.
 _WIRE_DECISION: dict[str, Decision] = {"keep": "keep", "evict": "evict", "keep-alive": "keep_alive"}
 
@@ -40,8 +49,16 @@ def attention_heat(head_heat: list[float]) -> float:
 
 
 class HeatEngine:
-    def __init__(self, policy: HeatPolicy, orphan_hold_ms: int = 5_000, max_orphans: int = 10_000) -> None:
+    def __init__(
+        self,
+        policy: HeatPolicy,
+        orphan_hold_ms: int = 5_000,
+        max_orphans: int = 10_000,
+        foreign_parent: Callable[[str], bool] | None = None,
+    ) -> None:
         self.policy = policy
+        # Whether a parent block's events go to another owner (None: every block is heard here).
+        self.foreign_parent = foreign_parent
         self._published: dict[Hashable, Decision] = {}
         self._pending: list[HeatScored] = []
         self.events_applied = 0
@@ -55,19 +72,24 @@ class HeatEngine:
         self.orphans_expired = 0  # parked, then applied without it
         self.rounds = 0  # re-score rounds asked for, idle ones included
         self.scored_events = -1  # `events_applied` at the last round that re-scored
+        # Where each key's events arrive (topic, partition), for `forget`; pruned to the tracked keys.
+        self._origin: dict[Hashable, Origin] = {}
+        self.forgotten = 0  # keys dropped because their partition went to another owner
 
     @property
     def orphans_parked(self) -> int:
         return len(self._orphans)
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, origin: Origin | None = None) -> None:
         """Feeds one event to the policy (a chained block whose parent has not arrived yet waits for
         it); evictions the policy decides right away are queued for publishing. A batch record is its
-        events, in order."""
+        events, in order. `origin`: the (topic, partition) it was read from, for `forget`."""
         if isinstance(event, CacheAccessBatch):
             for access in event.events:
-                self.apply(access)
+                self.apply(access, origin)
             return
+        if origin is not None:
+            self._note_origin(event, origin)
         self.last_event_ms = max(self.last_event_ms, event.occurred_at_ms)
         if isinstance(event, KvBlockStored) and self._is_orphan(event):
             self._park(event)
@@ -79,6 +101,37 @@ class HeatEngine:
                 self._adopt(event.block_hash)
         self._expire()
 
+    def _note_origin(self, event: Event, origin: Origin) -> None:
+        key = event.key if isinstance(event, CacheAccessed) else getattr(event, "block_hash", None)
+        if key is None:
+            return
+        self._origin[key] = origin
+        if len(self._origin) > 2 * (len(self.policy) + len(self._orphans)) + 1024:
+            # Keys the policy no longer tracks (evicted, removed): their origin is not needed.
+            self._origin = {k: o for k, o in self._origin.items() if k in self.policy or k in self._orphans}
+
+    def forget(self, origins: Collection[Origin]) -> int:
+        """Drops every key whose events arrived from `origins` (partitions a rebalance gave to another
+        owner): from the policy, the parked blocks and the decisions not yet published; nothing is
+        published about them. Returns how many tracked or parked keys went."""
+        gone = {key for key, origin in self._origin.items() if origin in origins}
+        if not gone:
+            return 0
+        dropped = 0
+        for key in gone:
+            del self._origin[key]
+            if key in self._orphans:
+                self._unpark(key)  # type: ignore[arg-type]
+                dropped += 1
+            elif key in self.policy:
+                self.policy.on_remove(key)
+                dropped += 1
+            self._published.pop(key, None)
+        names = {str(key) for key in gone}
+        self._pending = [d for d in self._pending if d.key not in names]
+        self.forgotten += dropped
+        return dropped
+
     def _is_orphan(self, event: KvBlockStored) -> bool:
         parent = event.parent_block_hash
         return (
@@ -86,7 +139,19 @@ class HeatEngine:
             and event.block_hash not in self.policy
             and parent not in self.policy
             and self.orphan_hold_ms > 0
+            and not self._foreign(parent)
         )
+
+    def _foreign(self, parent: str) -> bool:
+        return self.foreign_parent is not None and self.foreign_parent(parent)
+
+    def _parent_here(self, event: KvBlockStored) -> str | None:
+        """The parent the policy is told of: none where it belongs to another owner (the block then
+        starts a chain here; the other owner keeps the parent)."""
+        parent = event.parent_block_hash
+        if parent is None or parent in self.policy or not self._foreign(parent):
+            return parent
+        return None
 
     def _park(self, event: KvBlockStored) -> None:
         if event.block_hash in self._orphans:
@@ -144,7 +209,7 @@ class HeatEngine:
         elif isinstance(event, KvBlockStored):
             meta = AccessMeta(
                 trace_id=event.trace_id,
-                parent=event.parent_block_hash,
+                parent=self._parent_here(event),
                 attention_heat=attention_heat(event.head_heat) if event.head_heat else None,
             )
             if event.block_hash in self.policy:

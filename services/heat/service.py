@@ -1,6 +1,11 @@
 """The heat service: hears `cache.access.v1`, `kv.events.v1` and `context.lifecycle.v1`, re-scores
 every entry every 100 ms in which events arrived (an idle service does nothing), publishes changed
-decisions to `heat.scores.v1`, and checkpoints the model to Postgres (at start, periodically, at stop)."""
+decisions to `heat.scores.v1`, and checkpoints the model to Postgres (at start, periodically, at stop).
+
+Several heat services (each with its own `instance`) share the partitions of `cache.access.v1` and
+`kv.events.v1` through their consumer group: each decides the keys of its partitions. A rebalance
+revokes every partition and assigns some back; in between no decision goes out, and then the keys of
+the partitions that went to another owner are forgotten (engine.py's `forget`)."""
 
 from __future__ import annotations
 
@@ -10,14 +15,17 @@ import time
 from contextlib import AsyncExitStack
 from typing import Any
 
+from aiokafka import TopicPartition
+from aiokafka.partitioner import murmur2
 from prometheus_client import Counter, Gauge
 
 from policies.learned.heat import HeatPolicy
-from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded
+from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded, KvBlockStored
+from schemas.topics import qualified
 from services.heat.checkpoint import dump_scorer, load_scorer
-from services.heat.engine import HeatEngine
+from services.heat.engine import HeatEngine, Origin
 from services.heat.settings import HeatSettings
-from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.model_store import PostgresModelStore
 from services.runtime.service import Loop, Service
 
@@ -41,6 +49,16 @@ class HeatService(Service):
         self._store: PostgresModelStore | None = None
         # The consumer's handler and the re-score loop share the policy; one at a time.
         self._lock = asyncio.Lock()
+        # Partitions revoked by a rebalance not yet complete (no decisions go out meanwhile).
+        self._revoked: set[Origin] = set()
+        # With several instances: the kv.events partitions this one holds, of how many (a block whose
+        # parent hashes elsewhere starts a chain here).
+        self._kv_topic = qualified(KvBlockStored.topic, settings.kafka.topic_namespace)
+        self._kv_owned: set[int] = set()
+        self._kv_partitions = 0
+        self._keyed: EventConsumer | None = None
+        if settings.instance is not None:
+            self.engine.foreign_parent = self._foreign_parent
         # (steps, labels seen) of the model as last saved or restored; a fresh model has nothing to save
         self._saved: tuple[int, int] = (0, 0)
 
@@ -51,8 +69,25 @@ class HeatService(Service):
         # Registered after the database: on stop the last checkpoint is written before it closes.
         stack.push_async_callback(self.checkpoint)
         self._publisher = await self.open_publisher(stack)
-        topics = [CacheAccessed.topic, AttentionHeatReported.topic, ConversationEnded.topic]
-        await self.open_consumer(stack, topics, self.heat_settings.group_id, self._handle, self._publisher)
+        settings = self.heat_settings
+        keyed = [CacheAccessed.topic, AttentionHeatReported.topic]
+        if settings.instance is None:
+            keyed.append(ConversationEnded.topic)
+        self._keyed = await self.open_consumer(
+            stack,
+            keyed,
+            settings.group_id,
+            self._handle,
+            self._publisher,
+            on_revoked=self._on_revoked,
+            on_assigned=self._on_assigned,
+        )
+        if settings.instance is not None:
+            # A conversation's end concerns keys on every instance: each hears all of them.
+            lifecycle = f"{settings.group_id}.{settings.instance}"
+            await self.open_consumer(
+                stack, [ConversationEnded.topic], lifecycle, self._handle, self._publisher
+            )
 
     def loops(self) -> list[Loop]:
         return [self._rescore_loop, self._checkpoint_loop]
@@ -68,17 +103,50 @@ class HeatService(Service):
             },
             "model_version": self.model_version,
             "model_steps": self.engine.policy.scorer.steps,
+            "keys_forgotten": self.engine.forgotten,
         }
 
     async def _handle(self, delivery: Delivery) -> None:
         async with self._lock:
-            self.engine.apply(delivery.event)
+            self.engine.apply(delivery.event, (delivery.topic, delivery.partition))
+
+    # Both synchronous, as every use of the engine is: neither can land in the middle of one.
+    def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        self._revoked |= {(tp.topic, tp.partition) for tp in revoked}
+
+    def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._kv_owned = {tp.partition for tp in assigned if tp.topic == self._kv_topic}
+        self._kv_partitions = self._keyed.partition_count(self._kv_topic) if self._keyed else 0
+        moved = self._revoked - {(tp.topic, tp.partition) for tp in assigned}
+        self._revoked = set()
+        if not moved:
+            return
+        dropped = self.engine.forget(moved)
+        TRACKED.set(len(self.engine.policy))
+        log.info(
+            "partitions moved to another owner; their keys forgotten",
+            extra={"partitions": sorted(f"{t}-{p}" for t, p in moved), "keys": dropped},
+        )
+
+    def _foreign_parent(self, parent: str) -> bool:
+        """Whether `parent`'s events go to another instance: its partition by Kafka's default
+        partitioner (murmur2 of the block hash, as producers key kv.events.v1), not held here."""
+        if not self._kv_partitions and self._keyed is not None:
+            # At a first assignment the consumer's metadata may not know the topic yet; by the time
+            # records of it arrive, it does.
+            self._kv_partitions = self._keyed.partition_count(self._kv_topic)
+        if not self._kv_partitions:
+            return False
+        return (murmur2(parent.encode()) & 0x7FFFFFFF) % self._kv_partitions not in self._kv_owned
 
     async def _rescore_loop(self) -> None:
         interval = self.heat_settings.rescore_interval_ms / 1000
         assert self._publisher is not None
         while True:
             started = time.monotonic()
+            if self._revoked:  # a rebalance is under way: whose keys are whose is not known yet
+                await asyncio.sleep(interval)
+                continue
             async with self._lock:
                 # Event time drives the policy, so a replay and the live service agree.
                 decisions = self.engine.rescore(
@@ -109,7 +177,7 @@ class HeatService(Service):
         async with self._lock:
             saved = dump_scorer(self.engine.policy.scorer)
         self.model_version = await self._store.save(
-            self.heat_settings.model_name,
+            self.heat_settings.checkpoint_name,
             saved.blob,
             params={"capacity": self.heat_settings.capacity, "seed": self.heat_settings.seed},
             metrics={"steps": saved.steps, "labels_seen": saved.labels_seen},
@@ -119,11 +187,18 @@ class HeatService(Service):
 
     async def _restore(self) -> None:
         assert self._store is not None
-        latest = await self._store.latest(self.heat_settings.model_name)
-        if latest is None:
+        settings = self.heat_settings
+        version: int | None = None
+        latest = await self._store.latest(settings.checkpoint_name)
+        if latest is not None:
+            version, blob = latest
+        elif settings.instance is not None and (newest := await self._store.newest_of(settings.model_name)):
+            # A new instance starts from what the others learnt; its own versions start at 1.
+            name, other_version, blob = newest
+            log.info("starting from another instance's model", extra={"model": name, "v": other_version})
+        else:
             log.info("no model checkpoint yet; starting fresh")
             return
-        version, blob = latest
         try:
             load_scorer(self.engine.policy.scorer, blob)
         except ValueError as exc:

@@ -21,6 +21,16 @@ class HeatSettings(ServiceSettings):
     seed: int = 0
     # Model checkpoints in Postgres (`model_fits`), restored at start.
     model_name: str = "heat_mlp"
+    # Set where several heat services share the group's partitions (each owns the keys of its
+    # partitions): a name stable across this instance's restarts. It checkpoints its model as
+    # `model_name@instance` (starting from the newest model of any instance when it has none of its
+    # own) and hears every `context.lifecycle.v1` event in a group of its own, since a conversation's
+    # blocks can sit on any instance.
+    instance: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = None
     checkpoint_interval_s: Annotated[float, Field(gt=0)] = 30.0
     # Bound on decisions published per re-score round; the rest wait for the next round.
     max_decisions_per_round: Annotated[int, Field(gt=0)] = 10_000
+
+    @property
+    def checkpoint_name(self) -> str:
+        return self.model_name if self.instance is None else f"{self.model_name}@{self.instance}"

@@ -290,11 +290,20 @@ class EventConsumer:
         auto_offset_reset: str = "earliest",
         transient_errors: tuple[type[BaseException], ...] = TRANSIENT_ERRORS,
         max_backoff_s: float = 5.0,
+        on_revoked: Callable[[set[TopicPartition]], None] | None = None,
+        on_assigned: Callable[[set[TopicPartition]], None] | None = None,
     ) -> None:
+        """`on_revoked` / `on_assigned`: a rebalance's two halves, for a handler that keeps state per
+        key. `on_revoked` is told which partitions go, once the record in flight is applied and their
+        offsets are committed; `on_assigned` what this member holds from then on. Kafka's (eager)
+        rebalance revokes every partition and assigns some back, so what moved to another owner is
+        revoked minus assigned."""
         self._settings = settings
         self.topics = [qualified(t, settings.topic_namespace) for t in topics]
         self.group_id = group_id
         self._handler = handler
+        self._on_revoked_hook = on_revoked
+        self._on_assigned_hook = on_assigned
         self._dlq = dead_letters
         self._auto_offset_reset = auto_offset_reset
         self._policy = RetryPolicy(
@@ -367,6 +376,11 @@ class EventConsumer:
         for tp in self._consumer.assignment():
             await self._consumer.position(tp)
 
+    def partition_count(self, topic: str) -> int:
+        """Partitions of `topic` (qualified) as this consumer's metadata knows them; 0 if unknown."""
+        parts = self._consumer.partitions_for_topic(topic) if self._consumer is not None else None
+        return len(parts) if parts else 0
+
     def health(self) -> dict[str, object]:
         assignment = sorted(str(tp) for tp in self._consumer.assignment()) if self._consumer else []
         return {
@@ -438,25 +452,32 @@ class EventConsumer:
         try:
             self._revoked |= revoked
             await self._commit_settled()
-            offsets = {tp: self._done.pop(tp) for tp in revoked if tp in self._done}
-            consumer = self._consumer
-            if not offsets or consumer is None:
-                return
-            try:
-                await consumer.commit(offsets)
-            except KafkaError as exc:
-                # This member was already out of the group: the next owner re-reads from the last
-                # commit and the duplicates are dropped by event_id.
-                log.warning("commit on revoke failed; records will be redelivered", extra={"error": str(exc)})
-                return
-            log.info("committed on revoke", extra={"offsets": {str(tp): off for tp, off in offsets.items()}})
+            await self._commit_revoked(revoked)
+            if self._on_revoked_hook is not None and revoked:
+                self._on_revoked_hook(revoked)
         finally:
             if held:
                 self._lock.release()
 
+    async def _commit_revoked(self, revoked: set[TopicPartition]) -> None:
+        offsets = {tp: self._done.pop(tp) for tp in revoked if tp in self._done}
+        consumer = self._consumer
+        if not offsets or consumer is None:
+            return
+        try:
+            await consumer.commit(offsets)
+        except KafkaError as exc:
+            # This member was already out of the group: the next owner re-reads from the last
+            # commit and the duplicates are dropped by event_id.
+            log.warning("commit on revoke failed; records will be redelivered", extra={"error": str(exc)})
+            return
+        log.info("committed on revoke", extra={"offsets": {str(tp): off for tp, off in offsets.items()}})
+
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         # Nothing to load: the fetcher starts every assigned partition at its committed offset.
         log.info("partitions assigned", extra={"assigned": sorted(str(tp) for tp in assigned)})
+        if self._on_assigned_hook is not None:
+            self._on_assigned_hook(assigned)
 
     async def _commit(self, consumer: AIOKafkaConsumer) -> None:
         if not self._done:

@@ -67,3 +67,14 @@ class PostgresModelStore:
             "SELECT version, blob FROM model_fits WHERE name = $1 ORDER BY version DESC LIMIT 1", name
         )
         return None if row is None else (int(row["version"]), bytes(row["blob"]))
+
+    async def newest_of(self, name: str) -> tuple[str, int, bytes] | None:
+        """The most recently saved model named `name` or `name@<instance>` (what instances of one
+        service save under their own names), as (name, version, blob)."""
+        row = await self._db.fetchrow(
+            "SELECT name, version, blob FROM model_fits WHERE name = $1 OR starts_with(name, $2) "
+            "ORDER BY created_at_ms DESC, version DESC LIMIT 1",
+            name,
+            name + "@",
+        )
+        return None if row is None else (str(row["name"]), int(row["version"]), bytes(row["blob"]))

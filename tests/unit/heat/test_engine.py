@@ -155,3 +155,51 @@ def test_a_batch_record_is_applied_as_its_events_in_order() -> None:
         [(d.key, d.decision, d.score) for d in e.rescore(2000, limit=100)] for e in (batched, one_by_one)
     ]
     assert decided[0] == decided[1] and decided[0]
+
+
+def test_forget_drops_the_keys_of_revoked_partitions_and_nothing_else() -> None:
+    engine = _engine(capacity=256)
+    for i in range(40):
+        origin = ("cache.access.v1", i % 4)
+        engine.apply(CacheAccessed(key=f"k{i}", hit=False, occurred_at_ms=100 + i), origin)
+    # A chained block whose parent has not arrived is parked; it goes with its partition too.
+    engine.apply(
+        KvBlockStored(block_hash="child", parent_block_hash="nowhere", occurred_at_ms=150), ("kv", 1)
+    )
+    engine.apply(KvBlockStored(block_hash="kept", occurred_at_ms=151), ("kv", 0))
+    assert engine.orphans_parked == 1
+    queued = engine.rescore(200, limit=1)  # one decision out, the rest still queued
+    assert len(queued) == 1
+
+    dropped = engine.forget({("cache.access.v1", 1), ("cache.access.v1", 3), ("kv", 1)})
+
+    gone = {f"k{i}" for i in range(40) if i % 4 in (1, 3)}
+    assert dropped == len(gone) + 1 and engine.forgotten == dropped
+    assert engine.orphans_parked == 0
+    assert not any(k in engine.policy for k in gone)
+    kept = {f"k{i}" for i in range(40) if i % 4 in (0, 2)} | {"kept"}
+    assert all(k in engine.policy for k in kept)
+    # Nothing more is said about the forgotten keys: not what was queued, not in later rounds.
+    later = engine.rescore(300, limit=1000)
+    assert not {d.key for d in later} & gone
+    engine.apply(CacheAccessed(key="k0", hit=True, occurred_at_ms=400), ("cache.access.v1", 0))
+    assert not {d.key for d in engine.rescore(500, limit=1000)} & gone
+    assert engine.forget({("cache.access.v1", 1)}) == 0  # already gone
+
+
+def test_forget_without_origins_recorded_drops_nothing() -> None:
+    engine = _engine()
+    engine.apply(CacheAccessed(key="a", hit=False, occurred_at_ms=1))
+    assert engine.forget({("cache.access.v1", 0)}) == 0
+    assert "a" in engine.policy
+
+
+def test_a_block_whose_parent_belongs_to_another_owner_starts_a_chain_here() -> None:
+    engine = HeatEngine(HeatPolicy(64, seed=7), foreign_parent=lambda parent: parent.startswith("far"))
+    engine.apply(KvBlockStored(block_hash="b1", parent_block_hash="far-root", occurred_at_ms=10))
+    assert "b1" in engine.policy and engine.orphans_parked == 0  # not parked, not rejected
+    engine.apply(KvBlockStored(block_hash="b2", parent_block_hash="b1", occurred_at_ms=11))
+    assert "b2" in engine.policy  # and its chain goes on here
+    # A parent that would be heard here and has not arrived yet is still waited for.
+    engine.apply(KvBlockStored(block_hash="c1", parent_block_hash="near-root", occurred_at_ms=12))
+    assert engine.orphans_parked == 1 and "c1" not in engine.policy

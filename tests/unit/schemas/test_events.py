@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 
 import jsonschema
 import pytest
@@ -18,6 +19,7 @@ from schemas.events import (
     CacheInvalidated,
     access_batch,
     access_events,
+    new_event_id,
 )
 from schemas.export import GOLDEN_DIR, JSONSCHEMA_DIR, golden_documents, json_schema_documents
 from schemas.topics import BY_NAME, CATALOGUE, dlq_name, qualified
@@ -136,3 +138,12 @@ def test_an_access_batch_stands_for_its_events_and_is_bounded() -> None:
     raw = encode(batch).replace(b'"hit":true', b'"hit":"maybe"', 1)
     with pytest.raises(DecodeError, match="hit"):
         decode(raw)
+
+
+def test_event_ids_are_distinct_version_4_uuids_in_hex() -> None:
+    ids = [new_event_id() for _ in range(2_000)]
+    assert len(set(ids)) == len(ids)
+    for event_id in ids:
+        parsed = uuid.UUID(hex=event_id)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert parsed.hex == event_id
