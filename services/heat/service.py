@@ -51,6 +51,9 @@ class HeatService(Service):
         self._lock = asyncio.Lock()
         # Partitions revoked by a rebalance not yet complete (no decisions go out meanwhile).
         self._revoked: set[Origin] = set()
+        # What the last assignment gave this instance (a partition lost without a revoke, as when the
+        # group dropped this member, is still found missing from the next one).
+        self._held: set[Origin] = set()
         # With several instances: the kv.events partitions this one holds, of how many (a block whose
         # parent hashes elsewhere starts a chain here).
         self._kv_topic = qualified(KvBlockStored.topic, settings.kafka.topic_namespace)
@@ -117,8 +120,9 @@ class HeatService(Service):
     def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         self._kv_owned = {tp.partition for tp in assigned if tp.topic == self._kv_topic}
         self._kv_partitions = self._keyed.partition_count(self._kv_topic) if self._keyed else 0
-        moved = self._revoked - {(tp.topic, tp.partition) for tp in assigned}
-        self._revoked = set()
+        held = {(tp.topic, tp.partition) for tp in assigned}
+        moved = (self._held | self._revoked) - held
+        self._held, self._revoked = held, set()
         if not moved:
             return
         dropped = self.engine.forget(moved)
