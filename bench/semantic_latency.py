@@ -11,7 +11,10 @@ lookups of texts it has not seen (so the embedder's cache does not answer them):
 Texts come from the semantic benchmark's prompts (../shared/data/semantic and fow-cache) in a few
 phrasings, each sent once. `--profile` runs the node under cProfile and writes the top functions.
 
-    .venv/bin/python -m bench.semantic_latency [--embedder onnx] [--rate 200] [--seconds 20] [--profile]
+    .venv/bin/python -m bench.semantic_latency [--embedder onnx] [--lanes 2] [--rate 200] [--seconds 20]
+        [--profile]
+
+`--lanes` / `--max-call-texts` set the node's CACHEMESH_TIERS_EMBEDDER_LANES / _MAX_CALL_TEXTS.
 
 Writes bench/results/semantic_latency.{csv,md} (and semantic_latency.prof.txt with --profile).
 """
@@ -63,7 +66,13 @@ PHRASINGS = (
 
 
 def start_node(
-    dsn: str, bootstrap: str, namespace: str, workdir: Path, embedder: str, profile: Path | None
+    dsn: str,
+    bootstrap: str,
+    namespace: str,
+    workdir: Path,
+    embedder: str,
+    profile: Path | None,
+    extra_env: dict[str, str] | None = None,
 ) -> tuple[ServerProcess, str]:
     api_port, metrics_port = free_port(), free_port()
     env = {
@@ -78,6 +87,7 @@ def start_node(
         "CACHEMESH_TIERS_EMBEDDER": embedder,
         "CACHEMESH_TIERS_EMBEDDER_PRELOAD": "true",
         "CACHEMESH_TIERS_LOG_LEVEL": "WARNING",
+        **(extra_env or {}),
     }
     cmd = [sys.executable, "-m", "services.tiers"]
     if profile is not None:
@@ -282,7 +292,10 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
     with broker_from_env() as broker, postgres_from_env() as pg:
         namespace = f"bench{uuid.uuid4().hex[:6]}."
         await ensure_topics(broker.bootstrap, namespace)
-        node, url = start_node(pg.dsn, broker.bootstrap, namespace, workdir, args.embedder, profile)
+        tuning = {"CACHEMESH_TIERS_EMBEDDER_LANES": str(args.lanes)}
+        if args.max_call_texts:
+            tuning["CACHEMESH_TIERS_EMBEDDER_MAX_CALL_TEXTS"] = str(args.max_call_texts)
+        node, url = start_node(pg.dsn, broker.bootstrap, namespace, workdir, args.embedder, profile, tuning)
         try:
             started = time.perf_counter()
             keys = await fill(url, model, texts.fill)
@@ -366,7 +379,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, console: Consol
     ]
     emb = next((r for r in rows if r["kind"] == "embedder"), {"texts_per_batch": 0.0, "call_ms": 0.0})
     title = (
-        f"lookups at the API, embedder {args.embedder} (open loop: {emb['texts_per_batch']:.2f} texts per"
+        f"lookups at the API, embedder {args.embedder}, {args.lanes} lane(s)"
+        f" (open loop: {emb['texts_per_batch']:.2f} texts per"
         f" model call of {emb['call_ms']:.1f} ms;"
         " targets: text p50 <= 5 ms, p99 <= 15 ms at 200/s; 32 clients >= 1 client)"
     )
@@ -384,6 +398,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--embedder", default="onnx", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument("--lanes", type=int, default=1, help="the node's embedder lanes")
+    parser.add_argument("--max-call-texts", type=int, default=0, help="0: the node's default")
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--closed-seconds", type=float, default=5.0)

@@ -101,6 +101,7 @@ class TiersService(Service):
             threads=self.settings.embedder_threads,
             backend=self.settings.embedder,
             max_call_texts=self.settings.embedder_max_call_texts,
+            lanes=self.settings.embedder_lanes,
         )
         self.publisher: EventPublisher | None = None
         self.l3: PostgresL3Store | None = None

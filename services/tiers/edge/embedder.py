@@ -11,10 +11,11 @@ one and looked up with the other match a little differently. A backend that cann
 (onnx-int8 -> onnx -> torch), logged.
 
 Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()`
-loads in a worker thread, or the first `embed()` does. Encoding runs in a worker thread too, one batch
-at a time, so the event loop keeps serving; texts asked for while a batch is encoding wait for the next
-batch together (one model call for many concurrent lookups), and the vectors of recent texts are kept
-(`cache_entries`), so a repeated text is not embedded again.
+loads in a worker thread, or the first `embed()` does. Encoding runs in worker threads too, so the event
+loop keeps serving: up to `lanes` model calls at once (onnxruntime and the tokenizer release the GIL, so
+two lanes use two cores), each taking the oldest waiting texts; texts asked for while every lane is busy
+wait for the next free lane together (one model call for many concurrent lookups), and the vectors of
+recent texts are kept (`cache_entries`), so a repeated text is not embedded again.
 """
 
 from __future__ import annotations
@@ -125,9 +126,13 @@ class Embedder:
         cache_entries: int = 10_000,
         backend: Backend = DEFAULT_BACKEND,
         max_call_texts: int = 32,
+        lanes: int = 1,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"embedder backend must be one of {BACKENDS}, got {backend!r}")
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, got {lanes}")
+        self.lanes = lanes
         self.backend_wanted: Backend = backend
         self.backend: Backend | None = None  # the one loaded (after any fallback)
         self.threads = threads
@@ -144,7 +149,8 @@ class Embedder:
         self.cache_entries = cache_entries
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()  # text -> unit vector, oldest first
         self._waiting: list[tuple[list[str], asyncio.Future[np.ndarray]]] = []
-        self._draining: asyncio.Task[None] | None = None
+        # The lanes encoding now: each takes the oldest waiters, until nothing waits.
+        self._draining: set[asyncio.Task[None]] = set()
         self.encoded_texts = 0  # texts the model encoded (cache misses)
         self.batches = 0
         self.encode_seconds = 0.0  # in model calls, thread handoff included
@@ -200,8 +206,11 @@ class Embedder:
         if missing:
             done: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
             self._waiting.append((missing, done))
-            if self._draining is None or self._draining.done():
-                self._draining = asyncio.create_task(self._drain())
+            # A lane that has finished is done at once, though its discard runs a step later.
+            if sum(not lane.done() for lane in self._draining) < self.lanes:
+                lane = asyncio.create_task(self._drain())
+                self._draining.add(lane)
+                lane.add_done_callback(self._draining.discard)
             for text, vector in zip(missing, await done, strict=True):
                 found[text] = vector
                 self._remember(text, vector)
@@ -229,7 +238,8 @@ class Embedder:
         return batch
 
     async def _drain(self) -> None:
-        """Encode what is waiting, the oldest first, a batch per model call, until nothing waits."""
+        """One lane: encode what is waiting, the oldest first, a batch per model call, until nothing
+        waits (other lanes take batches from the same queue meanwhile)."""
         while self._waiting:
             batch = self._next_batch()
             texts = list(dict.fromkeys(t for wanted, _ in batch for t in wanted))
@@ -270,5 +280,6 @@ class Embedder:
             "cached_texts": len(self._cache),
             "encoded_texts": self.encoded_texts,
             "batches": self.batches,
+            "lanes": self.lanes,
             "encode_s": round(self.encode_seconds, 3),
         }

@@ -81,3 +81,41 @@ async def test_a_backlog_is_encoded_oldest_first_a_bounded_batch_at_a_time() -> 
     assert e.calls[0] == ["first"]
     assert [len(c) for c in e.calls[1:]] == [8, 8, 4]
     assert [t for c in e.calls[1:] for t in c] == [f"q{i}" for i in range(20)]
+
+
+async def test_lanes_encode_that_many_batches_at_once_and_no_more() -> None:
+    e = CountingEmbedder(max_call_texts=2, lanes=2)
+    e.gate.clear()
+    waiting = [asyncio.create_task(e.embed([f"q{i}"])) for i in range(7)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    # Two lanes, two calls in flight; each took the oldest texts then waiting.
+    assert e.calls == [["q0", "q1"], ["q2", "q3"]]
+    e.gate.set()
+    results = await asyncio.gather(*waiting)
+    assert sorted(t for c in e.calls for t in c) == [f"q{i}" for i in range(7)]
+    assert all(len(c) <= 2 for c in e.calls)
+    assert [r[0].argmax() for r in results] == [len(f"q{i}") % DIM for i in range(7)]
+    # Every lane ends once nothing waits, and a later text starts a lane again.
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not any(not lane.done() for lane in e._draining)
+    await e.embed(["later"])
+    assert e.calls[-1] == ["later"]
+
+
+async def test_one_lane_keeps_one_call_at_a_time() -> None:
+    e = CountingEmbedder(max_call_texts=2)
+    e.gate.clear()
+    waiting = [asyncio.create_task(e.embed([f"q{i}"])) for i in range(5)]
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert e.calls == [["q0", "q1"]]
+    e.gate.set()
+    await asyncio.gather(*waiting)
+    assert e.calls == [["q0", "q1"], ["q2", "q3"], ["q4"]]
+
+
+def test_lanes_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="lanes"):
+        Embedder(lanes=0)
