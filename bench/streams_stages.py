@@ -6,13 +6,15 @@ Rows: decoding the source record, stage 1's `Ingest.apply`, closing panes (parti
 encoded for the hand-off), stage 2 (hand-off decoded, partials merged and written to the changelog,
 windows and drift clusters computed and encoded). The baseline is `streams.offline.offline_windows`
 on the same accesses: the window maths alone. What the live worker spends beyond these rows is
-faust, aiokafka and the broker (`bench.streams` measures the whole).
+faust, aiokafka and the broker (`bench.streams` measures the whole). Each stage is measured under
+Python's own GC threshold and under the worker's (`CACHEMESH_STREAMS_GC_THRESHOLD`), side by side.
 
-    python -m bench.streams_stages [--rate 10000] [--seconds 12]
+    python -m bench.streams_stages [--rate 10000] [--seconds 12] [--gc-threshold 50000]
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 import zlib
@@ -30,10 +32,12 @@ from streams.ingest import Ingest
 from streams.merge import Merge
 from streams.offline import offline_windows
 from streams.records import Partial, decode_handoff
+from streams.settings import StreamsSettings
 
 SOURCES = HANDOFF = 6
 BASE_MS = 1_767_225_600_000
 TICK_MS = 100
+PYTHON_GC_THRESHOLD = 700  # CPython's default young-generation threshold
 
 
 def stages(rate: int, seconds: int) -> tuple[dict[str, float], int, list[CacheAccessed]]:
@@ -101,22 +105,41 @@ def stages(rate: int, seconds: int) -> tuple[dict[str, float], int, list[CacheAc
 def main(
     rate: Annotated[int, typer.Option(help="Accesses per second of event time")] = 10_000,
     seconds: Annotated[int, typer.Option(help="Seconds of event time")] = 12,
+    gc_threshold: Annotated[
+        int, typer.Option(help="The worker's young-generation GC threshold (its setting by default)")
+    ] = StreamsSettings.model_fields["gc_threshold"].default,
 ) -> None:
-    spent, outputs, accesses = stages(rate, seconds)
-    began = time.perf_counter()
-    offline_windows(accesses)
-    offline_s = time.perf_counter() - began
+    """Each stage under Python's own GC threshold (700) and under the worker's, in one run."""
+    thresholds = (PYTHON_GC_THRESHOLD, gc_threshold or PYTHON_GC_THRESHOLD)
+    runs = []
+    saved = gc.get_threshold()
+    try:
+        for young in thresholds:
+            gc.set_threshold(young, *saved[1:])
+            gc.collect()
+            spent, outputs, accesses = stages(rate, seconds)
+            began = time.perf_counter()
+            offline_windows(accesses)
+            runs.append((spent, time.perf_counter() - began))
+    finally:
+        gc.set_threshold(*saved)
     n = len(accesses)
-    total = sum(spent.values())
     table = Table(title=f"streams stages: CPU per access, {n:,} accesses at {rate:,}/s, {outputs} outputs")
-    for column in ("stage", "us/access", "share", "x offline maths"):
-        table.add_column(column, justify="left" if column == "stage" else "right")
-    for name, s in spent.items():
-        table.add_row(name, f"{s / n * 1e6:.1f}", f"{100 * s / total:.0f}%", f"{s / offline_s:.2f}")
-    table.add_row("all stages", f"{total / n * 1e6:.1f}", "100%", f"{total / offline_s:.2f}")
-    table.add_row("offline maths (baseline)", f"{offline_s / n * 1e6:.1f}", "", "1.00")
+    table.add_column("stage", justify="left")
+    for young in thresholds:
+        table.add_column(f"us/access, GC {young:,}", justify="right")
+        table.add_column("x offline maths", justify="right")
+    rows: dict[str, list[str]] = {}
+    for spent, offline_s in runs:
+        for name, s in [*spent.items(), ("all stages", sum(spent.values()))]:
+            rows.setdefault(name, []).extend([f"{s / n * 1e6:.1f}", f"{s / offline_s:.2f}"])
+        rows.setdefault("offline maths (baseline)", []).extend([f"{offline_s / n * 1e6:.1f}", "1.00"])
+    for name, cells in rows.items():
+        table.add_row(name, *cells)
     Console(width=120).print(table)
-    print(f"ceiling of one core on these stages alone: {n / total:,.0f} accesses/s")
+    for young, (spent, _) in zip(thresholds, runs, strict=True):
+        ceiling = n / sum(spent.values())
+        print(f"ceiling of one core on these stages alone, GC {young:,}: {ceiling:,.0f} accesses/s")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from streams.windows import (
     merge_all,
     pane_start,
     percentile,
+    percentiles,
     window_computed,
     window_event_id,
 )
@@ -167,6 +168,15 @@ def test_a_json_snapshot_does_not_change_with_the_live_aggregate() -> None:
 )
 def test_nearest_rank_percentile(values: list[float], q: float, expected: float | None) -> None:
     assert percentile(values, q) == expected
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5, 63, 64, 65, 200, 1_001])
+def test_percentiles_of_unsorted_values_are_the_nearest_ranks_of_the_sorted_ones(n: int) -> None:
+    rng = random.Random(n)
+    # Few distinct values too: ties must select the same value as the sort.
+    for values in ([rng.uniform(0, 500) for _ in range(n)], [float(rng.randint(0, 3)) for _ in range(n)]):
+        qs = (50, 95, 99, 1, 100)
+        assert percentiles(values, qs) == [percentile(sorted(values), q) for q in qs]
 
 
 def test_sliding_keys_equal_a_fresh_merge_of_the_panes_in_the_window() -> None:
