@@ -7,7 +7,9 @@ every window that ends inside the step's steady state (after a warm-up, before t
 figure is the highest rate whose p95 lag stays under 1 s with the worker keeping up; the worker's
 CPU share and events per CPU-second show how much of that is the machine (benchmarks share it).
 The baseline row is the same window maths offline (no Kafka, no faust) on the same events, so the
-ratio shows what the streaming plumbing costs.
+ratio shows what the streaming plumbing costs. After the ladder, every window the worker(s) emitted
+is compared with the offline computation over exactly the accesses sent (counts, entropy, rates,
+percentiles: `streams.offline.compare_windows`), and the result is printed per setup.
 
 Run: `python -m bench.streams [--rates 500,1000,2000] [--seconds 12]`; `KAFKA_BOOTSTRAP` uses an
 existing cluster instead of starting one.
@@ -44,7 +46,9 @@ from schemas.events import CacheAccessed, WindowComputed
 from schemas.topics import qualified
 from schemas.wire import decode, encode
 from streams.generator import ReplayConfig, mooncake_events
-from streams.offline import offline_windows
+from streams.offline import compare_windows, offline_windows
+from streams.settings import StreamsSettings
+from streams.windows import HOPPING_10S
 
 RESULTS = Path(__file__).parent / "results"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +72,12 @@ class Row:
     events_per_cpu_s: float
     broker_cpu_pct: float
     keeps_up: bool
+    # Every window of the run against the offline computation on the events sent (the whole ladder
+    # of this setup): "equal (N windows)" or the differences.
+    counts: str = ""
+
+
+TEMPLATES = 20_000  # distinct payloads a producer cycles through
 
 
 def _templates(count: int) -> list[tuple[bytes, bytes, str]]:
@@ -122,6 +132,8 @@ async def _health(port: int) -> dict[str, object]:
 class _Lags:
     def __init__(self) -> None:
         self.by_end: list[tuple[int, float]] = []
+        self.windows: list[WindowComputed] = []  # every one read, for the count check
+        self.ready = asyncio.Event()  # positioned at the end of every partition
 
     async def follow(self, bootstrap: str, topic: str, stop: asyncio.Event) -> None:
         reader = AIOKafkaConsumer(
@@ -129,6 +141,11 @@ class _Lags:
         )
         await reader.start()
         try:
+            while not reader.assignment():  # noqa: ASYNC110 - aiokafka offers no event for this
+                await asyncio.sleep(0.05)
+            for tp in reader.assignment():
+                await reader.position(tp)
+            self.ready.set()
             while not stop.is_set():
                 batch = await reader.getmany(timeout_ms=100)
                 now = time.time() * 1000
@@ -137,6 +154,7 @@ class _Lags:
                         event = decode(record.value)
                         if isinstance(event, WindowComputed):
                             self.by_end.append((event.window_end_ms, now - event.window_end_ms))
+                            self.windows.append(event)
         finally:
             await reader.stop()
 
@@ -148,10 +166,11 @@ async def _step(
     rate: float,
     seconds: float,
     batch: int = 1,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, list[tuple[int, int, int]]]:
     """Sends at `rate` events/s for `seconds`, one record per event or, with `batch` > 1, the events
     due in each 10 ms tick grouped by partition into `CacheAccessBatch` records of up to `batch`;
-    returns (start ms, end ms, achieved events/s)."""
+    returns (start ms, end ms, achieved events/s, what was sent: (first template, end, time ms) per
+    10 ms tick, the templates taken in turn from the first)."""
     placeholder = str(STAMP).encode()
     topic = qualified(templates[0][2], namespace)
     partitions = sorted(await producer.partitions_for(topic))
@@ -159,9 +178,13 @@ async def _step(
     start_ms = time.time() * 1000
     sent = 0
     tick_s = 0.01
+    ticks: list[tuple[int, int, int]] = []
     while (elapsed := time.monotonic() - began) < seconds:
         due = int(elapsed * rate) + 1
-        now = str(int(time.time() * 1000)).encode()
+        now_ms = int(time.time() * 1000)
+        now = str(now_ms).encode()
+        if due > sent:
+            ticks.append((sent, due, now_ms))
         if batch <= 1:
             while sent < due:
                 key, payload, _ = templates[sent % len(templates)]
@@ -182,13 +205,13 @@ async def _step(
         await asyncio.sleep(tick_s)
     await producer.flush()
     took = time.monotonic() - began
-    return start_ms, time.time() * 1000, sent / took
+    return start_ms, time.time() * 1000, sent / took, ticks
 
 
 async def produce_step(
     bootstrap: str, namespace: str, rate: float, seconds: float, batch: int = 1
-) -> tuple[float, float, float]:
-    templates = _templates(20_000)
+) -> tuple[float, float, float, list[tuple[int, int, int]]]:
+    templates = _templates(TEMPLATES)
     producer = AIOKafkaProducer(
         bootstrap_servers=bootstrap, linger_ms=5, acks=1, max_batch_size=1 << 20, max_request_size=4 << 20
     )
@@ -201,7 +224,7 @@ async def produce_step(
 
 async def _produce_elsewhere(
     bootstrap: str, namespace: str, rate: float, seconds: float, batch: int
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, list[tuple[int, int, int]]]:
     """Runs the producer in its own process, so it does not delay the reading of the windows."""
     code = (
         "import asyncio, json, sys; from bench.streams import produce_step; "
@@ -223,8 +246,27 @@ async def _produce_elsewhere(
     out, _ = await proc.communicate()
     if proc.returncode != 0:
         raise RuntimeError(f"producer failed ({proc.returncode})")
-    start_ms, end_ms, sent_eps = json.loads(out.decode().strip().splitlines()[-1])
-    return float(start_ms), float(end_ms), float(sent_eps)
+    start_ms, end_ms, sent_eps, ticks = json.loads(out.decode().strip().splitlines()[-1])
+    return float(start_ms), float(end_ms), float(sent_eps), [(a, b, t) for a, b, t in ticks]
+
+
+def _sent_accesses(ticks: list[tuple[int, int, int]]) -> list[CacheAccessed]:
+    """The accesses a producer sent, from its ticks: the same templates (`_templates` is the same
+    replay in the same order; only the event ids differ, which no window counts), stamped as sent."""
+    events = [e for e in mooncake_events(config=ReplayConfig(base_ms=0)) if isinstance(e, CacheAccessed)]
+    out = []
+    for first, end, at_ms in ticks:
+        for n in range(first, end):
+            out.append(events[n % TEMPLATES % len(events)].model_copy(update={"occurred_at_ms": at_ms}))
+    return out
+
+
+def _check_counts(got: list[WindowComputed], sent: list[CacheAccessed]) -> str:
+    want = offline_windows(sent)
+    problems = compare_windows(got, want)
+    if not problems:
+        return f"equal ({len(want):,} windows)"
+    return f"{len(problems)} differences, e.g. {problems[0]}"
 
 
 def _baseline(templates: list[tuple[bytes, bytes, str]], count: int) -> float:
@@ -317,15 +359,18 @@ async def _ladder(
     follower = asyncio.create_task(
         lags.follow(broker.bootstrap, qualified(WindowComputed.topic, namespace), stop)
     )
+    sent_ticks: list[tuple[int, int, int]] = []
     try:
+        await asyncio.wait_for(lags.ready.wait(), 60)
         for rate in rates:
             applied_before = await _applied(ports)
             cpu_before = sum(_cpu_seconds(w.pid) for w in procs)
             broker_pid = getattr(broker, "pid", None)
             broker_before = _cpu_seconds(broker_pid) if broker_pid else float("nan")
-            start_ms, end_ms, sent_eps = await _produce_elsewhere(
+            start_ms, end_ms, sent_eps, ticks = await _produce_elsewhere(
                 broker.bootstrap, namespace, rate, seconds, batch
             )
+            sent_ticks += ticks
             await asyncio.sleep(2.5)  # the last windows of the step close and arrive
             cpu = sum(_cpu_seconds(w.pid) for w in procs) - cpu_before
             broker_cpu = (_cpu_seconds(broker_pid) if broker_pid else float("nan")) - broker_before
@@ -356,9 +401,15 @@ async def _ladder(
             print(json.dumps(asdict(rows[-1])), flush=True)
             lags.by_end.clear()
             await asyncio.sleep(2.0)  # drain before the next step
+        # Quiet: every partition goes idle and the last hopping windows close on the wall clock.
+        await asyncio.sleep((HOPPING_10S.size_ms + StreamsSettings().idle_ms + 2_000) / 1000)
     finally:
         stop.set()
         await follower
+    if rows:
+        counts = _check_counts(lags.windows, _sent_accesses(sent_ticks))
+        rows = [Row(**{**asdict(r), "counts": counts}) for r in rows]
+        print(f"{setup}: counts against the offline computation: {counts}", flush=True)
     return rows
 
 
@@ -426,6 +477,8 @@ def main(
     for setup in dict.fromkeys(r.setup for r in rows):
         sustained = max((r.sent_eps for r in rows if r.setup == setup and r.keeps_up), default=0.0)
         console.print(f"{setup}: sustained with p95 window lag < 1 s: {sustained:,.0f} events/s")
+        counts = next(r.counts for r in rows if r.setup == setup)
+        console.print(f"{setup}: every window against the offline computation: {counts}")
     RESULTS.mkdir(exist_ok=True)
     with open(RESULTS / "streams.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(asdict(rows[0])))
