@@ -203,3 +203,37 @@ def test_sliding_keys_equal_a_fresh_merge_of_the_panes_in_the_window() -> None:
                 expected[key] = expected.get(key, 0) + n
         assert sliding.slide(window) == expected
     assert sliding.slide({}) == {}
+
+
+def _pane(accesses: list[CacheAccessed]) -> PaneAggregate:
+    agg = PaneAggregate.for_group(("s0", None))
+    for a in accesses:
+        agg.add(a)
+    return agg
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_merging_partials_leaves_them_unchanged_and_sums_every_key(overlap: bool) -> None:
+    """A pane's partials usually have disjoint keys (a key counts in one source partition) and are taken
+    over as a union; where keys meet, the sum is new. Either way the partials stay as they were, and
+    merging again from them gives the same result."""
+    first = _pane([access(T0 + i, f"a{i % 3}", i % 2 == 0, service="x", call_depth=i) for i in range(6)])
+    shared = "a0" if overlap else "b0"
+    second = _pane([access(T0 + 10 + i, k, False, service="y") for i, k in enumerate([shared, "b1", shared])])
+    before = (first.to_json(), second.to_json())
+    merged = merge_all([first, second])
+    assert (first.to_json(), second.to_json()) == before
+    assert merged.keys == {
+        **{f"a{i}": 2 for i in range(3)},
+        **{"b1": 1},
+        **({"a0": 4} if overlap else {"b0": 2}),
+    }
+    assert merged.activity is not None
+    if overlap:
+        a0 = merged.activity["a0"]
+        assert (a0.count, a0.first_ms, a0.last_ms, a0.services) == (4, T0, T0 + 12, {"x", "y"})
+    # The merged pane changing later (the same keys merged into it again) reaches no partial either.
+    once = merged.to_json()
+    merged.merge(second)
+    assert (first.to_json(), second.to_json()) == before
+    assert merge_all([first, second]).to_json() == once
