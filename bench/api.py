@@ -39,6 +39,7 @@ TARGETS = {"open p99 ms": 5.0, "max lookups/s": 5_000.0, "batch keys/s": 41_700.
 
 async def _serve(prefix: str, keys: int, loop_name: str, drop_access: bool) -> None:
     from infra.topics import ensure_topics
+    from services.runtime.service import configure_gc
     from services.tiers.entry import EntryMeta, encode_text
     from services.tiers.service import TiersService
     from services.tiers.settings import TiersSettings
@@ -53,6 +54,7 @@ async def _serve(prefix: str, keys: int, loop_name: str, drop_access: bool) -> N
         l2_pages=256,
         max_batch=4096,
     )
+    configure_gc(settings)  # as `run_service` does for `python -m services.tiers`
     service = TiersService(settings)
     await service.start()
     if drop_access:

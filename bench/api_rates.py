@@ -8,6 +8,8 @@ A cost per lookup that grows as the rate falls is a cost per wake-up (a request 
 per lookup of work; the closed loop is the floor the code itself sets. Columns, each a process of its own
 under the same loads (user + system CPU):
 - node: the tier node as shipped (plain lookups answered at the wire, services/tiers/edge/wire.py);
+- node at GC 700: the same at Python's own young-generation GC threshold (CACHEMESH_TIERS_GC_THRESHOLD=0;
+  the node's is 50,000);
 - no events: the same, its cache.access events taken but not published (the event plane's share);
 - ASGI path: CACHEMESH_TIERS_WIRE_FAST_PATH=0, every lookup through uvicorn's ASGI cycle (as before);
 - uvicorn floor: an ASGI app answering a fixed body of a lookup hit's size, served as the node serves
@@ -93,7 +95,7 @@ async def _serve_wire_floor(body_bytes: int) -> None:
     server.close()
 
 
-VARIANTS = ("node", "no events", "ASGI path", "uvicorn floor", "wire floor")
+VARIANTS = ("node", "node at GC 700", "no events", "ASGI path", "uvicorn floor", "wire floor")
 
 
 def measure(rates: list[float], seconds: float, variant: str) -> list[dict[str, float | str]]:
@@ -109,6 +111,8 @@ def measure(rates: list[float], seconds: float, variant: str) -> list[dict[str, 
         cmd.append("--drop-access-events")
     elif variant == "ASGI path":
         env["CACHEMESH_TIERS_WIRE_FAST_PATH"] = "0"
+    elif variant == "node at GC 700":
+        env["CACHEMESH_TIERS_GC_THRESHOLD"] = "0"
     elif variant.endswith("floor"):
         cmd = [sys.executable, "-m", "bench.api_rates", "--serve-floor", variant.split()[0]]
     node = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

@@ -53,11 +53,6 @@ class StreamsSettings(ServiceSettings):
     # after this many restarts in a row without progress the worker exits for its supervisor to start.
     recovery_stall_s: Annotated[float, Field(gt=0)] = 30.0
     recovery_restarts: Annotated[int, Field(ge=0)] = 3
-    # Allocations between two young-generation collections of Python's cyclic GC in `python -m
-    # streams` (Python's own: 700). The stages allocate a few objects per access and per key, almost
-    # none in cycles, and at 700 the collector took a third of their CPU (bench/streams_stages.py
-    # --gc-threshold); 0 keeps Python's setting.
-    gc_threshold: Annotated[int, Field(ge=0)] = 50_000
 
     def drift_params(self) -> DriftParams:
         return DriftParams(

@@ -6,6 +6,7 @@ down idempotently in reverse order. Signals are handled only in `run_service`, c
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine, Sequence
@@ -165,8 +166,10 @@ class Service:
 
 
 def run_service(factory: Callable[[], Service]) -> None:
-    """The body of every `services/<name>/__main__.py`: logs, tracing, signals, run until stopped."""
+    """The body of every `services/<name>/__main__.py`: GC threshold, logs, tracing, signals, run until
+    stopped."""
     service = factory()
+    configure_gc(service.settings)
     configure_logging(service.name, service.settings.log_level)
     configure_tracing(service.name)
 
@@ -179,6 +182,14 @@ def run_service(factory: Callable[[], Service]) -> None:
 
     with asyncio.Runner(loop_factory=_loop_factory(service.settings.event_loop)) as runner:
         runner.run(main())
+
+
+def configure_gc(settings: ServiceSettings) -> None:
+    """The young-generation threshold of the cyclic GC from `settings.gc_threshold` (0: Python's).
+    Process-wide, so set by `run_service` and not by library code (tests run services in one process)."""
+    if settings.gc_threshold:
+        _, older, oldest = gc.get_threshold()
+        gc.set_threshold(settings.gc_threshold, older, oldest)
 
 
 def _loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -70,5 +70,10 @@ class ServiceSettings(BaseSettings):
     # The event loop `run_service` runs on: uvloop measured 1.3-1.8x the tier node's exact lookups/s
     # over asyncio's (bench/api.py --loop); "asyncio" where uvloop is unwanted or missing.
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    # Allocations between two young-generation collections of Python's cyclic GC in the service's
+    # process (`run_service`; Python's own: 700); 0 keeps Python's. The services allocate a few short-
+    # lived objects per event or request, almost none in cycles: at 700 the collector took a third of
+    # the streams stages' CPU (bench/streams_stages.py shows both).
+    gc_threshold: Annotated[int, Field(ge=0)] = 50_000
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
     postgres: PostgresSettings = Field(default_factory=PostgresSettings)
