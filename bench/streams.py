@@ -80,9 +80,14 @@ class Row:
 TEMPLATES = 20_000  # distinct payloads a producer cycles through
 
 
+def _template_accesses() -> list[CacheAccessed]:
+    """The Mooncake replay's accesses, which the templates take in turn."""
+    return [e for e in mooncake_events(config=ReplayConfig(base_ms=0)) if isinstance(e, CacheAccessed)]
+
+
 def _templates(count: int) -> list[tuple[bytes, bytes, str]]:
     """(key, payload with a placeholder time, topic name) from the Mooncake replay."""
-    events = [e for e in mooncake_events(config=ReplayConfig(base_ms=0)) if isinstance(e, CacheAccessed)]
+    events = _template_accesses()
     out = []
     for n in range(count):
         e = events[n % len(events)]
@@ -253,7 +258,7 @@ async def _produce_elsewhere(
 def _sent_accesses(ticks: list[tuple[int, int, int]]) -> list[CacheAccessed]:
     """The accesses a producer sent, from its ticks: the same templates (`_templates` is the same
     replay in the same order; only the event ids differ, which no window counts), stamped as sent."""
-    events = [e for e in mooncake_events(config=ReplayConfig(base_ms=0)) if isinstance(e, CacheAccessed)]
+    events = _template_accesses()
     out = []
     for first, end, at_ms in ticks:
         for n in range(first, end):

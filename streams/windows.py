@@ -148,10 +148,6 @@ class KeyActivity:
             sorted(services) if len(services) > 1 else list(services),
         ]
 
-    @classmethod
-    def from_json(cls, raw: list[Any]) -> KeyActivity:
-        return cls(int(raw[0]), int(raw[1]), int(raw[2]), int(raw[3]), set(raw[4]))
-
 
 @dataclass(slots=True)
 class PaneAggregate:
@@ -281,7 +277,8 @@ class PaneAggregate:
 
 
 def _activity_from_json(raw: Mapping[str, list[Any]]) -> dict[str, KeyActivity]:
-    """`KeyActivity.from_json` of every key, without a call per key."""
+    """The per-key activity as `KeyActivity.to_json` wrote it, key by key (one comprehension: this runs
+    for every key of every hand-off record)."""
     return {key: KeyActivity(c, f, la, d, set(s)) for key, (c, f, la, d, s) in raw.items()}
 
 
