@@ -17,17 +17,15 @@ from typing import Any, ClassVar
 from prometheus_client import Counter, Gauge
 
 from schemas.events import (
-    CacheAccessed,
+    CacheAccessBatch,
     CacheInvalidated,
     ConversationEnded,
-    Event,
     EvictionRequested,
     HeatScored,
     PromotionRequested,
     TierModeChanged,
     WarmupApplied,
     WarmupRequested,
-    access_batch,
 )
 from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
@@ -47,7 +45,7 @@ from services.tiers.l3.store import PostgresL3Store
 from services.tiers.metrics import TIERS
 from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange
 from services.tiers.node.matcher import Matcher
-from services.tiers.node.outbox import Outbox
+from services.tiers.node.outbox import AccessRecord, Outbox, access_batch_json
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
 
@@ -414,24 +412,26 @@ class TiersService(Service):
         node, per_record = self.settings.node_id, self.settings.access_batch_events
         records = outbox.take_access()
         for start in range(0, len(records), _ACCESS_SLICE):
-            events = [record.event(node) for record in records[start : start + _ACCESS_SLICE]]
+            chunk = records[start : start + _ACCESS_SLICE]
             try:
-                out: list[Event] = list(events)
                 if per_record > 1:
                     # One batch record per partition (and per `per_record` events): per-key order holds.
-                    by_partition: dict[int, list[CacheAccessed]] = {}
-                    partitions = await self.publisher.partitions_of(events)
-                    for event, partition in zip(events, partitions, strict=True):
-                        by_partition.setdefault(partition, []).append(event)
-                    out = [
-                        access_batch(group[i : i + per_record])
+                    # Encoded straight from the records, no model per event; one producer batch each.
+                    by_partition: dict[int, list[AccessRecord]] = {}
+                    keys = [r.key for r in chunk]
+                    partitions = await self.publisher.partitions_of_keys(CacheAccessBatch, keys)
+                    for record, partition in zip(chunk, partitions, strict=True):
+                        by_partition.setdefault(partition, []).append(record)
+                    items = [
+                        (group[i].key, access_batch_json(group[i : i + per_record], node))
                         for group in by_partition.values()
                         for i in range(0, len(group), per_record)
                     ]
-                # One producer batch per partition for the slice, not one append per record.
-                await self.publisher.publish_many(out, wait=False)
+                    await self.publisher.publish_encoded(CacheAccessBatch, items, wait=False)
+                else:
+                    await self.publisher.publish_many([record.event(node) for record in chunk], wait=False)
             except Exception as exc:  # access events are statistics: drop, count, go on
-                self.publish_errors += len(events)
+                self.publish_errors += len(chunk)
                 log.warning("access events publish failed; dropped", extra={"error": repr(exc)})
             await asyncio.sleep(0)  # let waiting requests in between slices: no long loop stalls
 

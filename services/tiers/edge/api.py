@@ -16,6 +16,7 @@ import binascii
 import json
 import math
 import sys
+from collections.abc import Awaitable
 from typing import Annotated, Any
 
 import numpy as np
@@ -55,7 +56,7 @@ from services.tiers.edge.prefix import prefix_router
 from services.tiers.entry import EntryMeta, decode_value, encode_array, encode_text
 from services.tiers.l1.vector_index import normalize
 from services.tiers.metrics import TIERS
-from services.tiers.node.plan import Lookup
+from services.tiers.node.plan import Lookup, Pending
 from services.tiers.node.plan import Query as CacheQuery
 from services.tiers.node.tiered import L3Unavailable, TieredCache
 from services.tiers.ports import L3Rejected
@@ -222,21 +223,24 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         except EmbedderUnavailable as exc:
             raise _problem(503, f"embedding model unavailable: {exc}") from None
 
-    async def to_queries(bodies: list[LookupBody]) -> list[CacheQuery]:
-        vectors: list[np.ndarray | None] = []
-        texts: dict[int, str] = {}
-        for i, body in enumerate(bodies):
-            vec = _embedding(body, dim)
-            if body.text is not None:
-                if vec is not None:
-                    raise _problem(422, "give text or an embedding, not both")
-                text = _check_text(body.text, "text", settings.max_text_chars)
-                # A key held in memory is answered exactly: no need to embed its text.
-                if body.key is None or not cache.holds_exact(body.key, body.model):
-                    texts[i] = text
-            elif vec is None and body.key is None:
+    def query_of(body: LookupBody) -> tuple[np.ndarray | None, str | None]:
+        """(embedding, text to embed first) of one lookup, its input checked."""
+        vec = _embedding(body, dim)
+        if body.text is None:
+            if vec is None and body.key is None:
                 raise _problem(422, "a lookup needs a key, an embedding or a text")
-            vectors.append(vec)
+            return vec, None
+        if vec is not None:
+            raise _problem(422, "give text or an embedding, not both")
+        text = _check_text(body.text, "text", settings.max_text_chars)
+        # A key held in memory is answered exactly: no need to embed its text.
+        held = body.key is not None and cache.holds_exact(body.key, body.model)
+        return vec, None if held else text
+
+    async def to_queries(bodies: list[LookupBody]) -> list[CacheQuery]:
+        planned = [query_of(body) for body in bodies]
+        vectors = [vec for vec, _ in planned]
+        texts = {i: text for i, (_, text) in enumerate(planned) if text is not None}
         if texts:
             embedded = await embed_texts(list(texts.values()))
             for i, row in zip(texts, embedded, strict=True):
@@ -265,11 +269,28 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
 
     v1 = APIRouter(prefix="/v1")
 
+    def lookup_now(body: LookupBody) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """One lookup, answered at once where this node's memory settles it (no text to embed, an
+        exact or conclusive hit in L1/L2), else what to await for it."""
+        vec, text = query_of(body)
+        if text is not None:
+            return lookup_one(body)
+        got = cache.begin(
+            body.key, vec, model=body.model, tolerance=body.tolerance, trace_id=body.trace_id, text=body.text
+        )
+        return lookup_dict(body, got) if isinstance(got, Lookup) else lookup_rest(body, got)
+
+    async def lookup_rest(body: LookupBody, pending: Pending) -> dict[str, Any]:
+        return lookup_dict(body, await cache.finish(pending))
+
     async def lookup_one(body: LookupBody) -> dict[str, Any]:
         (q,) = await to_queries([body])
         result = await cache.get(
             q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id, text=q.text
         )
+        return lookup_dict(body, result)
+
+    def lookup_dict(body: LookupBody, result: Lookup) -> dict[str, Any]:
         return _lookup_dict(result, body.include_value, omitted=result.hit and not body.include_value)
 
     async def lookup_many(body: BatchBody) -> dict[str, Any]:
@@ -431,7 +452,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     _document_bearer(app)
 
     answers = LookupAnswers(
-        lookup_one,
+        lookup_now,
         lookup_many,
         latency={p: TIERS.route(settings.node_id, p) for p in LookupAnswers.PATHS},
         max_bytes=settings.max_request_bytes,

@@ -112,13 +112,16 @@ class BodyLimit:
 class LookupAnswers:
     """The lookup routes' answers (POST /v1/lookup and /v1/lookup/batch) from the raw request body to the
     encoded response: the body is validated by pydantic straight from JSON, errors come out as the routes'
-    would. Shared by the ASGI fast path below and the wire-level one (`wire.py`)."""
+    would. Shared by the ASGI fast path below and the wire-level one (`wire.py`).
+
+    `one` answers a lookup at once where the node's memory settles it (a dict), else returns what to
+    await for it (the text to embed, the peers, L3); `many` is awaited."""
 
     PATHS = ("/v1/lookup", "/v1/lookup/batch")
 
     def __init__(
         self,
-        one: Callable[[LookupBody], Awaitable[dict[str, Any]]],
+        one: Callable[[LookupBody], dict[str, Any] | Awaitable[dict[str, Any]]],
         many: Callable[[BatchBody], Awaitable[dict[str, Any]]],
         latency: dict[str, LatencyMs] | None = None,
         *,
@@ -132,27 +135,48 @@ class LookupAnswers:
         # what BearerAuth asks for (likewise), as it compares it
         self.bearer = None if token is None else b"bearer " + token
 
+    def answer_now(self, path: str, body: bytes) -> tuple[int, bytes] | Awaitable[tuple[int, bytes]]:
+        """(status, JSON) for `body` posted to `path` (one of PATHS) where no wait is needed (a lookup
+        this node's memory answers, a refused request), else an awaitable of it."""
+        try:
+            if path != "/v1/lookup":
+                return self._settle(path, self.many(BatchBody.model_validate_json(body)))
+            got = self.one(LookupBody.model_validate_json(body))
+            if not isinstance(got, dict):
+                return self._settle(path, got)
+            status, payload = 200, got
+        except Exception as exc:
+            status, payload = _refusal(exc, path)
+        return status, encode_json(payload)
+
     async def answer(self, path: str, body: bytes) -> tuple[int, bytes]:
         """(status, JSON) for `body` posted to `path` (one of PATHS)."""
+        got = self.answer_now(path, body)
+        return got if isinstance(got, tuple) else await got
+
+    async def _settle(self, path: str, pending: Awaitable[dict[str, Any]]) -> tuple[int, bytes]:
         try:
-            if path == "/v1/lookup":
-                status, payload = 200, await self.one(LookupBody.model_validate_json(body))
-            else:
-                status, payload = 200, await self.many(BatchBody.model_validate_json(body))
-        except ValidationError as exc:
-            detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
-            status, payload = 422, {"detail": detail}
-        except HTTPException as exc:
-            status, payload = exc.status_code, {"detail": exc.detail}
-        except Exception:  # in front of FastAPI's error middleware: a bug here still answers, and is logged
-            log.exception("lookup failed", extra={"path": path})
-            status, payload = 500, {"detail": "internal error (logged by the node)"}
+            status, payload = 200, await pending
+        except Exception as exc:
+            status, payload = _refusal(exc, path)
         return status, encode_json(payload)
 
     def observe(self, path: str, started_ns: int) -> None:
         hist = self.latency.get(path)
         if hist is not None:
             hist.observe((time.perf_counter_ns() - started_ns) / 1e6)
+
+
+def _refusal(exc: Exception, path: str) -> tuple[int, Any]:
+    """(status, payload) for a lookup that raised: what the routes would answer."""
+    if isinstance(exc, ValidationError):
+        detail = [{"loc": ["body", *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()]
+        return 422, {"detail": detail}
+    if isinstance(exc, HTTPException):
+        return exc.status_code, {"detail": exc.detail}
+    # in front of FastAPI's error middleware: a bug here still answers, and is logged
+    log.error("lookup failed", extra={"path": path}, exc_info=exc)
+    return 500, {"detail": "internal error (logged by the node)"}
 
 
 class LookupFastPath:

@@ -16,6 +16,7 @@ Responses stay in order: a request that arrives behind a fast one waits in uvico
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
@@ -97,16 +98,23 @@ class LookupWireProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         cycle = self.cycle
-        if isinstance(cycle, FastCycle):
-            task = self.loop.create_task(self._answer(cycle))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
+        if not isinstance(cycle, FastCycle):
+            super().on_message_complete()
             return
-        super().on_message_complete()
-
-    async def _answer(self, cycle: FastCycle) -> None:
         assert self.answers is not None
-        status, raw = await self.answers.answer(cycle.path, bytes(cycle.body))
+        got = self.answers.answer_now(cycle.path, bytes(cycle.body))
+        if isinstance(got, tuple):  # settled in memory (or refused): answered here, no task, no wait
+            self._respond(cycle, *got)
+            return
+        task = self.loop.create_task(self._answer(cycle, got))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)
+
+    async def _answer(self, cycle: FastCycle, pending: Awaitable[tuple[int, bytes]]) -> None:
+        self._respond(cycle, *await pending)
+
+    def _respond(self, cycle: FastCycle, status: int, raw: bytes) -> None:
+        assert self.answers is not None
         cycle.response_complete = True
         if cycle.disconnected or self.transport.is_closing():
             return

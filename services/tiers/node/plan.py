@@ -103,6 +103,15 @@ class Offer(NamedTuple):
     step: Step
 
 
+class Pending(NamedTuple):
+    """A lookup `TierReads.begin` could not settle in process: its walk, when it started, and whether
+    the node heard invalidations then (the walk goes on as it began)."""
+
+    walk: Walk
+    started_ns: int
+    hearing: bool
+
+
 class Walk:
     """One lookup (`batched` False) or a batch walking the plan: which queries are still open, what was
     found, which were degraded."""

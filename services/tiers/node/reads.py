@@ -8,9 +8,8 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,40 +21,14 @@ from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.counters import Counters
 from services.tiers.node.degrade import HitRateGuard
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import AccessRecord, Outbox
-from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Offer, Query, Step, Walk
+from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Offer, Pending, Query, Step, Walk
 from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Counters:
-    lookups: int = 0
-    hits: Counter[str] = field(default_factory=Counter)  # "l1:exact", "l3:semantic", ...
-    misses: int = 0
-    degraded_lookups: int = 0
-    puts: int = 0
-    deletes: int = 0
-    invalidations_received: int = 0
-    invalidated_entries: int = 0
-    heat_evictions: int = 0
-    heat_keep_alives: int = 0
-    commands: int = 0
-    warmed: int = 0
-    conversations_ended: int = 0
-    context_dropped: int = 0
-    l3_errors: int = 0
-    l3_written_behind: int = 0
-    remote_hits: int = 0
-    remote_rejected: int = 0  # found on a peer but expired or of another model
-    remote_failures: int = 0  # the port raised (it should not): counted, the lookup went on
-    peers_skipped: int = 0  # lookups that did not ask the peers' L2: the node was local-only
-    fenced: int = 0  # a copy found older than a write this node heard of: answered as a miss
-    unheard_lookups: int = 0  # walked to L3 alone: this node did not hear invalidations then
-    forgotten: int = 0  # entries dropped from L1/L2 when the node heard again after not hearing
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -309,6 +282,35 @@ class TierReads:
             self._walk_in_process(walk, LOCAL_PLAN)
         return self._answers(walk, started)[0]
 
+    def begin(
+        self,
+        key: str | None = None,
+        embedding: npt.ArrayLike | None = None,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        trace_id: str | None = None,
+        text: str | None = None,
+    ) -> Lookup | Pending:
+        """`get`'s in-process part, synchronously: the answer where this node's memory settles the
+        lookup (an exact or conclusive hit in L1 or L2), else the walk for `finish` to take on to the
+        peers and L3. A caller that cannot wait (the wire-level API) answers the first at once."""
+        if key is None and embedding is None:
+            raise ValueError("a lookup needs a key, an embedding, or both")
+        started = self.perf_ns()
+        vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
+        walk = Walk((Query(key, vec, model, tolerance, trace_id, text),), batched=False)
+        hearing = self._walk_local(walk)
+        if walk.left:
+            return Pending(walk, started, hearing)
+        self._decide(walk)
+        return self._answers(walk, started)[0]
+
+    async def finish(self, pending: Pending) -> Lookup:
+        """The rest of a lookup `begin` left open: the peers, L3, the decision."""
+        await self._walk_remote(pending.walk, pending.hearing)
+        return self._answers(pending.walk, pending.started_ns)[0]
+
     async def get(
         self,
         key: str | None = None,
@@ -320,13 +322,8 @@ class TierReads:
         text: str | None = None,
     ) -> Lookup:
         """`text`: the request's text when `embedding` is its embedding (the guards need it)."""
-        if key is None and embedding is None:
-            raise ValueError("a lookup needs a key, an embedding, or both")
-        started = self.perf_ns()
-        vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
-        walk = Walk((Query(key, vec, model, tolerance, trace_id, text),), batched=False)
-        await self._walk(walk)
-        return self._answers(walk, started)[0]
+        got = self.begin(key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text)
+        return got if isinstance(got, Lookup) else await self.finish(got)
 
     async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
         """Batched lookups along the same plan as `get`: one vectorised L1 probe for the exact keys, one
@@ -357,11 +354,19 @@ class TierReads:
     async def _walk(self, walk: Walk) -> None:
         """The whole plan: the in-process steps, then the peers and L3 (those configured); L3 alone
         while this node does not hear invalidations."""
+        await self._walk_remote(walk, self._walk_local(walk))
+
+    def _walk_local(self, walk: Walk) -> bool:
+        """The in-process steps where this node hears invalidations; returns whether it does."""
         hearing = self.hearing
         if hearing:
             self._walk_in_process(walk, PLAN)
         else:
             self.counters.unheard_lookups += len(walk.queries)
+        return hearing
+
+    async def _walk_remote(self, walk: Walk, hearing: bool) -> None:
+        """The steps that leave the process (`hearing`: as `_walk_local` found it), then the decision."""
         for step in PLAN:
             if not walk.left:
                 break

@@ -298,3 +298,36 @@ def test_peek_touch_and_similar_keys_read_without_side_effects() -> None:
     assert "a" in cache and "b" not in cache
     clock.now += 50
     assert cache.peek("s") is None
+
+
+def test_scalar_and_vectorised_probes_agree_under_churn() -> None:
+    """The scalar probes read a key -> slot dict, the batch probe the cuckoo table: puts, updates,
+    evictions, removes, expiries and hash collisions keep the two answering alike."""
+    rng = np.random.default_rng(11)
+    clock = Clock()
+    # A narrow hash (64 values) makes collisions common; the policy evicts as the cache fills.
+    cache = L1Cache(capacity_bytes=400, max_entries=48, clock=clock, hasher=lambda key: 1 + hash(key) % 64)
+    universe = [f"k{i}" for i in range(120)]
+    for step in range(3_000):
+        key = universe[int(rng.integers(len(universe)))]
+        op = rng.random()
+        if op < 0.5:
+            cache.put(
+                key,
+                f"{key}@{step}",
+                size_bytes=int(rng.integers(1, 20)),
+                ttl_hint_ms=int(rng.integers(5, 400)),
+            )
+        elif op < 0.6:
+            cache.remove(key)
+        elif op < 0.7:
+            clock.now += int(rng.integers(1, 50))
+        elif op < 0.75:
+            cache.expire()
+        else:
+            cache.get(key)
+        if step % 50 == 0:
+            probe = universe[:60]
+            assert cache.get_many(probe) == [cache.get(k) for k in probe]
+            assert sorted(cache.keys()) == sorted(k for k in universe if k in cache)
+            assert len(cache) == len(cache.keys())

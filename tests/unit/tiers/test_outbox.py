@@ -45,3 +45,49 @@ def test_access_record_builds_a_valid_event() -> None:
         "tiers",
     )
     assert event.occurred_at_ms == 123
+
+
+def test_access_batch_json_is_what_the_models_encode() -> None:
+    """The batch JSON written straight from the records decodes to the batch the models build, and its
+    bytes are the models' own encoding but for the random event ids."""
+    import json
+    import random
+
+    from schemas.events import CacheAccessBatch, access_batch
+    from schemas.wire import decode, encode
+    from services.tiers.node.outbox import access_batch_json
+
+    rng = random.Random(7)
+    records = [
+        AccessRecord(
+            f"key-{i}",
+            rng.random() < 0.5,
+            rng.choice([-0.5, 0.0, 0.3, 12.5]),  # a negative latency is clamped to 0, as the model is told
+            1_767_225_600_000 + rng.randrange(10_000),
+            tier=rng.choice([None, "l1", "l2", "l3"]),
+            match=rng.choice([None, "exact", "semantic"]),
+            similarity=rng.choice([None, -1.2, 0.93, 1.0000001]),
+            kind=rng.choice(["prompt", "embedding", "kv_block"]),
+            model=rng.choice([None, "m"]),
+            size_bytes=rng.choice([None, 0, 160]),
+            trace_id=rng.choice([None, "conv-1"]),
+        )
+        for i in range(50)
+    ]
+    raw = access_batch_json(records, "node-1")
+    got = decode(raw)
+    want = access_batch([r.event("node-1") for r in records])
+    assert isinstance(got, CacheAccessBatch)
+
+    def without_ids(payload: bytes) -> dict:
+        body = json.loads(payload)
+        body.pop("event_id")
+        for event in body["events"]:
+            assert len(event.pop("event_id")) == 32
+        return body
+
+    assert without_ids(raw) == without_ids(encode(want))
+    assert got.model_dump(exclude={"event_id"}) | {"events": None} == want.model_dump(
+        exclude={"event_id"}
+    ) | {"events": None}
+    assert len({e.event_id for e in got.events}) == len(records)  # every event its own id

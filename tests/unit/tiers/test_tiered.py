@@ -26,6 +26,7 @@ from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.outbox import Outbox
+from services.tiers.node.plan import Lookup, Pending
 from services.tiers.node.tiered import L3Unavailable, Query, TieredCache
 from services.tiers.ports import L3Rejected
 from tests.unit.tiers.fakes import Clock, FakePeers, MemoryL3, at_cosine, unit
@@ -102,6 +103,24 @@ async def test_exact_get_walks_l1_l2_l3_and_promotes() -> None:
     calls = rig.l3.calls
     assert not (await rig.cache.get("absent")).hit
     assert rig.l3.calls == calls + 1
+
+
+async def test_begin_answers_from_memory_at_once_and_leaves_the_rest_to_finish() -> None:
+    """`begin` (what the wire-level API answers with, without a task) settles an L1/L2 hit itself; a
+    lookup that must go on to L3 comes back pending, and `finish` ends it without probing the in-process
+    tiers again (one L1 miss counted, one access recorded)."""
+    rig = make()
+    await rig.cache.put(meta("held"), encode_text("in memory", model="m"))
+    rig.l3.rows["far"] = stored("far", "from l3", rig.clock)
+    held = rig.cache.begin("held")
+    assert isinstance(held, Lookup) and (held.tier, text_of(held.entry)) == ("l1", "in memory")
+    calls, misses, queued = rig.l3.calls, rig.cache.l1.stats().misses, rig.cache.outbox.stats().queued_access
+    pending = rig.cache.begin("far")
+    assert isinstance(pending, Pending) and rig.l3.calls == calls
+    far = await rig.cache.finish(pending)
+    assert (far.tier, text_of(far.entry)) == ("l3", "from l3") and rig.l3.calls == calls + 1
+    assert rig.cache.l1.stats().misses == misses + 1
+    assert rig.cache.outbox.stats().queued_access == queued + 1
 
 
 async def test_semantic_get_walks_l1_then_l3_and_respects_tolerance_and_model() -> None:
