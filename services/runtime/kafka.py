@@ -149,8 +149,9 @@ class EventPublisher:
 
     async def partitions_of_keys(self, event_type: type[Event], keys: Sequence[str]) -> list[int]:
         """`partitions_of` for events of `event_type` keyed `keys`, without the events."""
-        name, known = qualified(event_type.topic, self._settings.topic_namespace), dict[str, list[int]]()
-        return [await self._partition(name, key.encode(), known) for key in keys]
+        name = qualified(event_type.topic, self._settings.topic_namespace)
+        partitions = list(await self._require_producer().partitions_for(name))
+        return [partitions[self._key_hash(key.encode()) % len(partitions)] for key in keys]
 
     async def _partition(self, name: str, key: bytes, known: dict[str, list[int]]) -> int:
         """The default partitioner's choice for `key` on topic `name`; `known` keeps each topic's

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import orjson
 
-from schemas.events import SCHEMA_VERSION, CacheAccessed, CacheInvalidated, EntryKind, Tier, new_event_id
+from schemas.events import SCHEMA_VERSION, CacheAccessed, CacheInvalidated, EntryKind, Tier, new_event_ids
 
 
 class AccessRecord(NamedTuple):  # a tuple: one is built per lookup (a frozen dataclass costs 5x more)
@@ -56,11 +56,11 @@ def access_batch_json(records: Sequence[AccessRecord], node_id: str) -> bytes:
     order), as `encode(access_batch([r.event(node_id) for r in records]))` writes it but without a
     model per event: a busy node sends one per 64 lookups, and the models cost more than the lookups.
     tests/unit/tiers/test_outbox.py holds it equal to the models' encoding."""
-    events = []
-    for r in records:
+    events, ids = [], new_event_ids(len(records) + 1)
+    for r, event_id in zip(records, ids, strict=False):
         event: dict[str, object] = {
             "schema_version": SCHEMA_VERSION,
-            "event_id": new_event_id(),
+            "event_id": event_id,
             "occurred_at_ms": r.occurred_at_ms,
             "type": "cache.accessed",
             "key": r.key,
@@ -84,7 +84,7 @@ def access_batch_json(records: Sequence[AccessRecord], node_id: str) -> bytes:
         events.append(event)
     batch = {
         "schema_version": SCHEMA_VERSION,
-        "event_id": new_event_id(),
+        "event_id": ids[-1],
         "occurred_at_ms": max(r.occurred_at_ms for r in records),
         "type": "cache.accessed.batch",
         "key": records[0].key,

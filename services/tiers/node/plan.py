@@ -39,8 +39,7 @@ class Query:
     text: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Lookup:
+class Lookup(NamedTuple):  # a tuple: one is built per lookup (a frozen dataclass costs 3x more)
     entry: Entry | None
     tier: Tier | None = None
     match: Match | None = None

@@ -274,8 +274,7 @@ class TierReads:
     # --- the lookup plan, executed ----------------------------------------------------------------
 
     def get_local(self, key: str, model: str | None = None) -> Lookup:
-        """The local-only plan (L1 then L2, by exact key), synchronously: the in-process fast path;
-        records the access."""
+        """The local-only plan (L1 then L2, by exact key), synchronously; records the access."""
         started = self.perf_ns()
         walk = Walk((Query(key=key, model=model),), batched=False)
         if self.hearing:
@@ -292,12 +291,16 @@ class TierReads:
         trace_id: str | None = None,
         text: str | None = None,
     ) -> Lookup | Pending:
-        """`get`'s in-process part, synchronously: the answer where this node's memory settles the
-        lookup (an exact or conclusive hit in L1 or L2), else the walk for `finish` to take on to the
-        peers and L3. A caller that cannot wait (the wire-level API) answers the first at once."""
+        """`get`'s in-process part, synchronously: the answer where this node's memory settles it (an exact
+        or conclusive hit in L1/L2; a key alone held in L1 without a walk), else the walk for `finish`."""
         if key is None and embedding is None:
             raise ValueError("a lookup needs a key, an embedding, or both")
         started = self.perf_ns()
+        if embedding is None and key is not None and self.hearing:
+            held = self.l1.peek(key)
+            if held is not None and (model is None or held.meta.model == model) and not self._fenced(held):
+                self.l1.get(key)  # counts the hit and tells the policy, as the walk's probe does
+                return self._finish(key, None, held, "l1", "exact", 1.0, started, False, trace_id)
         vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
         walk = Walk((Query(key, vec, model, tolerance, trace_id, text),), batched=False)
         hearing = self._walk_local(walk)
@@ -352,8 +355,7 @@ class TierReads:
                     raise AssertionError(f"no in-process probe for {step}")
 
     async def _walk(self, walk: Walk) -> None:
-        """The whole plan: the in-process steps, then the peers and L3 (those configured); L3 alone
-        while this node does not hear invalidations."""
+        """The whole plan: in-process steps, peers, L3 (L3 alone while the node hears no invalidations)."""
         await self._walk_remote(walk, self._walk_local(walk))
 
     def _walk_local(self, walk: Walk) -> bool:

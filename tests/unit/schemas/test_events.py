@@ -20,6 +20,7 @@ from schemas.events import (
     access_batch,
     access_events,
     new_event_id,
+    new_event_ids,
 )
 from schemas.export import GOLDEN_DIR, JSONSCHEMA_DIR, golden_documents, json_schema_documents
 from schemas.topics import BY_NAME, CATALOGUE, dlq_name, qualified
@@ -141,8 +142,8 @@ def test_an_access_batch_stands_for_its_events_and_is_bounded() -> None:
 
 
 def test_event_ids_are_distinct_version_4_uuids_in_hex() -> None:
-    ids = [new_event_id() for _ in range(2_000)]
-    assert len(set(ids)) == len(ids)
+    ids = [new_event_id() for _ in range(1_000)] + new_event_ids(1_000) + new_event_ids(1)
+    assert len(set(ids)) == len(ids) == 2_001
     for event_id in ids:
         parsed = uuid.UUID(hex=event_id)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
