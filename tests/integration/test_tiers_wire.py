@@ -132,6 +132,12 @@ async def test_requests_that_are_not_plain_go_through_the_asgi_app_in_order(
         assert [json.loads(b).get("hit") for _, _, b in got] == [True, None, True, False]
         assert "healthy" in json.loads(got[1][2])
         assert node.wire_answered >= 1
+        # A miss (it waits on L3, in a task) pipelined ahead of hits settled at once: still in order.
+        miss = request("/v1/lookup", json.dumps({"key": f"{key}-absent"}).encode(), auth)
+        got = await exchange(
+            node, miss, request("/v1/lookup", one, auth), miss, request("/v1/lookup", one, auth)
+        )
+        assert [json.loads(b)["hit"] for _, _, b in got] == [False, True, False, True]
 
         before = node.wire_answered
         # No token, a wrong one: the ASGI app's 401.
