@@ -190,10 +190,8 @@ class EventPublisher:
         `publish_many` would send the events: for a hot path that writes many events' JSON at once
         instead of building a model per event. Trusted input: the payloads are not validated here (the
         producer's encoder is tested against the model; consumers validate as always)."""
-        name, limit = (
-            qualified(event_type.topic, self._settings.topic_namespace),
-            self._settings.max_event_bytes,
-        )
+        name = qualified(event_type.topic, self._settings.topic_namespace)
+        limit = self._settings.max_event_bytes
         type_header = [("event_type", str(event_type.model_fields["type"].default).encode())]
         for _, payload in items:
             if len(payload) > limit:

