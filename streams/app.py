@@ -116,6 +116,7 @@ class StreamsApp:
         )
         self.merge = Merge(settings.drift_params(), drift_enabled=settings.drift_enabled)
         self.ready = False
+        self.recoveries_cut_short = 0
         self.last_window_lag_ms: int | None = None
         self.latest_windows: dict[str, dict[str, Any]] = {}
         self.latest_drift: dict[str, list[dict[str, Any]]] = {}
@@ -493,8 +494,16 @@ class StreamsApp:
         faust_adapter.set_fetch_max_wait(self.app, self.settings.fetch_max_wait_ms)
 
     async def _on_recovered(self) -> None:
-        """After faust rebuilt the tables: load the partitions this worker now owns."""
+        """After faust rebuilt the tables: load the partitions this worker now owns. Not when the
+        recovery was cut short (see `faust_adapter.recovery_read_everything`): the tables then lag
+        the committed offsets, and the restarted recovery calls this again once they are whole.
+        Until then the worker is not ready, and records of partitions it has not loaded are left
+        unacknowledged (stage 1) or read again from the hand-off by offset (stage 2)."""
         self._tune_fetch()
+        if not faust_adapter.recovery_read_everything(self.app):
+            self.recoveries_cut_short += 1
+            log.warning("changelog recovery ended with records unread; waiting for its restart")
+            return
         assigned = self.app.consumer.assignment()
         sources = {tp.partition for tp in assigned if tp.topic == self.names.access}
         handoffs = {tp.partition for tp in assigned if tp.topic == self.names.handoff}
@@ -585,4 +594,5 @@ class StreamsApp:
             "late_partials": self.merge.counters.late_partials,
             "drift_clusters": self.merge.counters.clusters,
             "last_window_lag_ms": self.last_window_lag_ms,
+            "recoveries_cut_short": self.recoveries_cut_short,
         }

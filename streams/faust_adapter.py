@@ -81,3 +81,21 @@ def recovery(app: faust.App) -> Recovery:
     tables: Any = app.tables
     service: Recovery = tables.recovery
     return service
+
+
+def recovery_read_everything(app: faust.App) -> bool:
+    """Did the changelog recovery that faust just called complete read every record up to the
+    highwaters it built? If so, applies what its buffers still hold and says True.
+
+    faust-streaming 0.15's `Recovery._restart_recovery` waits for the end of reading inside
+    `try: ... except Exception`, which also swallows the `RebalanceAgain` that a restart (a new
+    rebalance, or the recovery watchdog) raises there: it logs "Done reading from changelog topics",
+    completes the recovery and calls the tables' recovery callbacks with records still unread, then
+    runs the restarted recovery. Tables loaded at that point are an older snapshot than the committed
+    offsets stand for (a kill test lost 3-37% of a window's counts so). `need_recovery` and
+    `flush_buffers` are public on `Recovery`; reaching it is not (`recovery` above)."""
+    service = recovery(app)
+    if service.need_recovery():
+        return False
+    service.flush_buffers()
+    return True

@@ -74,6 +74,23 @@ async def test_the_adapter_answers_none_before_the_consumer_exists() -> None:
     assert streams.caught_up() == {}
 
 
+async def test_a_recovery_faust_completes_with_records_unread_loads_nothing() -> None:
+    """faust-streaming swallows a restart while it waits for the end of reading and completes the
+    recovery anyway (`faust_adapter.recovery_read_everything`): loading the tables then would
+    start from an older snapshot than the committed offsets; the worker waits for the restart."""
+    streams = _streams()
+    recovery = faust_adapter.recovery(streams.app)
+    tp = faust_adapter.TP(streams.ingest_table.changelog_topic.get_topic_name(), 0)
+    recovery.active_highwaters[tp] = 10
+    recovery.active_offsets[tp] = 4
+    assert faust_adapter.recovery_read_everything(streams.app) is False
+    await streams._on_recovered()
+    assert streams.recoveries_cut_short == 1 and streams.health()["recoveries_cut_short"] == 1
+    assert not streams.ready and streams.ingest.partitions == [] and streams.merge.partitions == []
+    recovery.active_offsets[tp] = 10
+    assert faust_adapter.recovery_read_everything(streams.app) is True
+
+
 async def _get(streams: StreamsApp, path: str) -> tuple[int, Any]:
     app = web.Application()
     app.add_routes(routes(streams))
