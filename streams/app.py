@@ -509,9 +509,9 @@ class StreamsApp:
         handoffs = {tp.partition for tp in assigned if tp.topic == self.names.handoff}
         rewind = await self._uncommitted(assigned)
         async with self._lock:
-            ingest_items = list(self.ingest_table.data.items())
+            ingest_items, now = list(self.ingest_table.data.items()), self.clock()
             for p in sorted(sources - set(self.ingest.partitions)):
-                self.ingest.load(p, ingest_items)
+                self.ingest.load(p, ingest_items, now)
             for p in sorted(set(self.ingest.partitions) - sources):
                 self.ingest.revoke(p)
             merge_items = list(self.merge_table.data.items())

@@ -57,6 +57,8 @@ class _PartitionState:
     max_event_ms: int = -1
     closed_before_ms: int = 0
     applied_offset: int = -1
+    # Wall time of the last event applied, or of the load (`Ingest.load`): a partition is quiet,
+    # hence may turn idle, only `idle_ms` after either. None: quiet from the start.
     last_event_wall_ms: int | None = None
 
 
@@ -129,9 +131,14 @@ class Ingest:
     def revoke(self, partition: int) -> None:
         self._parts.pop(partition, None)
 
-    def load(self, partition: int, items: Iterable[tuple[str, Any]]) -> None:
-        """Rebuilds one partition from its table entry (after recovery): where it stands."""
-        state = _PartitionState()
+    def load(self, partition: int, items: Iterable[tuple[str, Any]], now_wall_ms: int | None = None) -> None:
+        """Rebuilds one partition from its table entry (after recovery): where it stands. With
+        `now_wall_ms` (the worker does) it counts as active then: a partition that has not delivered
+        a record yet is not taken for idle until `idle_ms` later. Otherwise a fetch that came back
+        empty just before the partition's first records were produced made it look consumed to its
+        end, its watermark followed the others past panes its records were still to fill, and those
+        records were late: lost (a kill test lost 3 of 6 partitions' first panes so)."""
+        state = _PartitionState(last_event_wall_ms=now_wall_ms)
         for key, value in items:
             parts = parse_table_key(key)
             if parts[0] == "progress" and parts[1] == partition:

@@ -55,6 +55,23 @@ def test_an_idle_partition_follows_the_others_instead_of_holding_them_back() -> 
     }
 
 
+def test_a_loaded_partition_without_records_yet_holds_the_others_for_idle_ms() -> None:
+    """A partition the worker just loaded and that has delivered nothing yet (its fetch came back empty
+    just before its first records were produced) is not idle until `idle_ms` after the load: closing
+    its panes earlier would make those records late. A kill test lost 3 partitions' first panes so."""
+    ingest = Ingest(lateness_ms=0, idle_ms=1_000)
+    ingest.load(0, [], now_wall_ms=0)
+    ingest.load(1, [], now_wall_ms=0)
+    ingest.apply(0, 0, access(T0 + 5_500), wall_ms=500)
+    early = ingest.close(500, {0: False, 1: True}, 2)
+    assert early.progress is not None and early.progress.closed_before_ms == {0: T0 + 5_000}
+    ingest.apply(1, 0, access(T0 + 200, key="late-fetched"), wall_ms=600)
+    assert ingest.counters.late == 0
+    later = ingest.close(2_000, {0: True, 1: True}, 2)
+    assert later.progress is not None and later.progress.closed_before_ms[1] >= T0 + 5_000
+    assert any(p.source_partition == 1 and p.pane_start_ms == T0 for p in later.partials)
+
+
 def test_late_and_replayed_records_are_told_apart_and_not_counted_twice() -> None:
     ingest = Ingest(lateness_ms=0, idle_ms=10_000)
     ingest.assign(0)
