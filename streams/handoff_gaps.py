@@ -13,7 +13,7 @@ import asyncio
 import json
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 _POLL_MS = 500
 
@@ -30,6 +30,24 @@ async def read_handoff(
 ) -> list[tuple[int, dict[str, Any]]]:
     """(offset, value) of the records at [start, end) of `topic`/`partition`, in offset order; from
     the start of the log where retention has removed `start`."""
+    records = await read_range(
+        bootstrap, topic, partition, start, end, max_fetch_bytes=max_fetch_bytes, timeout_s=timeout_s
+    )
+    return [(r.offset, json.loads(r.value)) for r in records]
+
+
+async def read_range(
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    *,
+    max_fetch_bytes: int,
+    timeout_s: float = 60.0,
+) -> list[ConsumerRecord[bytes, bytes]]:
+    """The records at [start, end) of `topic`/`partition` as aiokafka gives them, in offset order
+    (stage 1 reads the source records faust's consumer skipped with it)."""
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap,
         client_id="cachemesh-streams-handoff-gaps",
@@ -44,11 +62,11 @@ async def read_handoff(
         tp = TopicPartition(topic, partition)
         consumer.assign([tp])
         consumer.seek(tp, start)
-        out: list[tuple[int, dict[str, Any]]] = []
+        out: list[ConsumerRecord[bytes, bytes]] = []
         async with asyncio.timeout(timeout_s):
             while await consumer.position(tp) < end:
                 batch = await consumer.getmany(tp, timeout_ms=_POLL_MS)
-                out.extend((r.offset, json.loads(r.value)) for r in batch.get(tp, []) if r.offset < end)
+                out.extend(r for r in batch.get(tp, []) if r.offset < end)
         return out
     finally:
         await consumer.stop()

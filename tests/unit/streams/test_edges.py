@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from types import SimpleNamespace
 from typing import Any
 
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from opentelemetry import trace
 
-from schemas.events import RequestPenetrated
+from schemas.events import CacheAccessed, RequestPenetrated
 from services.runtime import tracing
 from streams import faust_adapter
 from streams.app import StreamsApp
@@ -89,6 +90,51 @@ async def test_a_recovery_faust_completes_with_records_unread_loads_nothing() ->
     assert not streams.ready and streams.ingest.partitions == [] and streams.merge.partitions == []
     recovery.active_offsets[tp] = 10
     assert faust_adapter.recovery_read_everything(streams.app) is True
+
+
+async def test_source_records_the_consumer_skipped_are_read_again_before_the_next(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """faust's consumer can drop the record at the committed offset and deliver the next ones; it then
+    commits past the dropped one. Stage 1 expects each partition's offsets in sequence and reads a
+    skipped range again (`StreamsApp._read_skipped`) before applying the record that revealed it."""
+    from aiokafka import ConsumerRecord
+
+    from schemas.wire import encode
+
+    streams, recorder = _streams(), Recorder()
+    streams.send = recorder.send  # type: ignore[method-assign]
+    topic = streams.names.access
+    t0 = 1_767_225_600_000
+
+    def record(offset: int) -> ConsumerRecord[bytes, bytes]:
+        access = CacheAccessed(
+            event_id=f"e{offset}", occurred_at_ms=t0 + offset, key=f"k{offset}", hit=True, shard="s0"
+        )
+        value = encode(access)
+        return ConsumerRecord(topic, 0, offset, 0, 0, b"k", value, None, len(b"k"), len(value), ())
+
+    asked: list[tuple[int, int]] = []
+
+    async def read_range(bootstrap: str, t: str, partition: int, start: int, end: int, **_: Any) -> list[Any]:
+        asked.append((start, end))
+        return [record(o) for o in range(start, end)]
+
+    monkeypatch.setattr("streams.app.read_range", read_range)
+    streams.ingest.load(0, [], now_wall_ms=0)
+    streams._expect[0] = 5  # the committed offset faust sought to
+
+    class Stream:
+        async def ack(self, event: Any) -> None:  # pragma: no cover - acks come at ticks
+            pass
+
+    def delivered(offset: int) -> Any:
+        r = record(offset)
+        message = SimpleNamespace(topic=topic, partition=0, offset=offset, value=r.value, headers=())
+        return SimpleNamespace(message=message)
+
+    await streams.on_source_record(Stream(), delivered(7))  # type: ignore[arg-type]
+    await streams.on_source_record(Stream(), delivered(8))  # type: ignore[arg-type]
+    assert asked == [(5, 7)]
+    assert streams.ingest.counters.applied == 4 and streams.ingest.counters.late == 0
 
 
 async def _get(streams: StreamsApp, path: str) -> tuple[int, Any]:
