@@ -6,7 +6,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 EVENTS = Counter(
     "cachemesh_streams_events_total",
-    "Records read by stage 1, by outcome (applied, replayed, late, dead_lettered, other)",
+    "Records read by stage 1, by outcome (applied, replayed, late, dead_lettered, other, reread)",
     ["outcome"],
 )
 WINDOWS = Counter("cachemesh_streams_windows_emitted_total", "Windows emitted", ["window"])
