@@ -131,7 +131,6 @@ class StreamsApp:
         self._last_offset: dict[tuple[str, int], int] = {}
         # Per source partition: the offset the consumer should deliver next (see `_read_skipped`).
         self._expect: dict[int, int] = {}
-        self._committed_at_recovery: dict[int, int] = {}
         self._last_seen_ms: dict[int, int] = {}
         self._reported = IngestCounters()
         self._lock = asyncio.Lock()
@@ -253,11 +252,15 @@ class StreamsApp:
         # Acknowledged once the (last) pane it counts in is closed (see `tick`).
         newest = max(access.occurred_at_ms for access in accesses)
         self._pending.setdefault(partition, deque()).append((stream, event, pane_start(newest)))
-        clock, outs = self.clock(), []
-        # The whole record is applied before anything is awaited: a tick never sees half a batch.
         # One sample per record: its oldest event's delay (a batch's events arrive together).
         oldest = min(access.occurred_at_ms for access in accesses)
         metrics.INGEST_DELAY.observe(max(0, now - oldest) / 1000)
+        await self._apply_accesses(partition, offset, accesses)
+
+    async def _apply_accesses(self, partition: int, offset: int, accesses: list[CacheAccessed]) -> None:
+        """Applies one source record's accesses, then publishes what they detected. The whole record
+        is applied before anything is awaited: a tick never sees half a batch."""
+        clock, outs = self.clock(), []
         for index, access in enumerate(accesses):
             outs += self.ingest.apply(partition, offset, access, clock, index)
         for out in outs:
@@ -294,12 +297,8 @@ class StreamsApp:
             except DecodeError as exc:
                 await self._dead_letter(record, exc.kind, exc.reason)
                 continue
-            clock, outs = self.clock(), []
-            for index, access in enumerate(access_events(decoded)):
-                if isinstance(access, CacheAccessed):
-                    outs += self.ingest.apply(partition, record.offset, access, clock, index)
-            for out in outs:
-                await self.publish(out)
+            accesses = [a for a in access_events(decoded) if isinstance(a, CacheAccessed)]
+            await self._apply_accesses(partition, record.offset, accesses)
 
     async def tick(self) -> None:
         """Close the panes the watermarks passed, hand them to stage 2, record the progress, then
@@ -551,7 +550,7 @@ class StreamsApp:
         assigned = self.app.consumer.assignment()
         sources = {tp.partition for tp in assigned if tp.topic == self.names.access}
         handoffs = {tp.partition for tp in assigned if tp.topic == self.names.handoff}
-        rewind = await self._uncommitted(assigned)
+        rewind, committed = await self._uncommitted(assigned)
         async with self._lock:
             ingest_items, now = list(self.ingest_table.data.items()), self.clock()
             for p in sorted(sources - set(self.ingest.partitions)):
@@ -566,7 +565,7 @@ class StreamsApp:
             # faust seeks every stream partition to its committed offset once this returns.
             self._forget_reads(sources | set(self._last_seen_ms))
             # faust seeks each to its committed offset: what it must deliver first (0 when rewound).
-            self._expect = {p: max(0, self._committed_at_recovery.get(p, 0)) for p in sources}
+            self._expect = {p: max(0, committed.get(p, 0)) for p in sources}
             for row in self.latest_table.data.values():
                 if isinstance(row, dict) and "window" in row:
                     key = f"{row['window']}|{row['shard']}|{row.get('model', '*')}"
@@ -579,8 +578,9 @@ class StreamsApp:
             extra={"source_partitions": sorted(sources), "handoff_partitions": sorted(handoffs)},
         )
 
-    async def _uncommitted(self, assigned: Iterable[TP]) -> list[TP]:
-        """The assigned stream partitions without a committed offset. faust-streaming drops records
+    async def _uncommitted(self, assigned: Iterable[TP]) -> tuple[list[TP], dict[int, int]]:
+        """The assigned stream partitions without a committed offset, and the source partitions'
+        committed offsets (empty when unknown). faust-streaming drops records
         it fetched while its set of active partitions was empty (right after a changelog recovery
         aiokafka takes the empty set for "every partition", and faust discards what comes back);
         its seek to the committed offsets repairs only the partitions that have one, so the others
@@ -599,15 +599,15 @@ class StreamsApp:
             log.warning(
                 "committed offsets unavailable; reading every partition again", extra={"error": repr(exc)}
             )
-            self._committed_at_recovery = {}
-            return sorted(tp for tp in assigned if tp.topic in topics)
+            return sorted(tp for tp in assigned if tp.topic in topics), {}
         finally:
             await admin.close()
         starts = {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()}
-        self._committed_at_recovery = {p: o for (t, p), o in starts.items() if t == self.names.access}
-        return sorted(
+        sources = {p: o for (t, p), o in starts.items() if t == self.names.access}
+        rewind = [
             tp for tp in assigned if tp.topic in topics and starts.get((tp.topic, tp.partition), -1) <= 0
-        )
+        ]
+        return sorted(rewind), sources
 
     async def _on_revoked(self, app: Any, revoked: set[TP], **_: Any) -> None:
         async with self._lock:
