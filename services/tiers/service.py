@@ -46,6 +46,7 @@ from services.tiers.metrics import TIERS
 from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import AccessRecord, Outbox, access_batch_json
+from services.tiers.node.refine import Refiner
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
 
@@ -100,6 +101,17 @@ class TiersService(Service):
             backend=self.settings.embedder,
             max_call_texts=self.settings.embedder_max_call_texts,
             lanes=self.settings.embedder_lanes,
+        )
+        # The screen (refine.py): a second, cheaper model for text lookups; None without one.
+        self.screen = (
+            None
+            if self.settings.embedder_screen == "none"
+            else Embedder(
+                threads=self.settings.embedder_threads,
+                backend=self.settings.embedder_screen,
+                max_call_texts=self.settings.embedder_max_call_texts,
+                lanes=self.settings.embedder_lanes,
+            )
         )
         self.publisher: EventPublisher | None = None
         self.l3: PostgresL3Store | None = None
@@ -203,6 +215,8 @@ class TiersService(Service):
         if s.embedder_preload:
             # The model is a large object graph; freeze it too once it is loaded.
             self.embedder.start_loading().add_done_callback(lambda _: gc.freeze())
+            if self.screen is not None:
+                self.screen.start_loading().add_done_callback(lambda _: gc.freeze())
 
     def _degrade_guard(self) -> HitRateGuard | None:
         s = self.settings
@@ -290,7 +304,9 @@ class TiersService(Service):
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.cache is not None
         s = self.settings
-        app = create_app(self.cache, s, self.embedder)
+        if self.screen is not None:
+            self.cache.refiner = Refiner(self.embedder.embed, s.embedder_screen_band)
+        app = create_app(self.cache, s, self.embedder, self.screen)
         self._api = await serve_in_loop(
             app,
             s.api_host,
@@ -545,6 +561,7 @@ class TiersService(Service):
                 "auth": self.settings.api_token is not None,
             },
             "embedder": self.embedder.health(),
+            "screen": self.screen.health() if self.screen is not None else None,
             "l2_blocks": {
                 "address": self.block_server.address if self.block_server is not None else None,
                 "rdma": self.block_server is not None and self.block_server.rdma is not None,

@@ -162,6 +162,11 @@ class TiersSettings(ServiceSettings):
     # torch | onnx (the same weights on onnxruntime; bench/embedders.py) | onnx-int8 (2x faster than onnx,
     # but similarities 0.007 lower near 0.92: fewer paraphrase hits at the same thresholds).
     embedder: Literal["torch", "onnx", "onnx-int8"] = "onnx"
+    # A cheaper model that embeds text lookups first (services/tiers/node/refine.py): its vector searches
+    # and decides where its error cannot change the verdict; a candidate within `embedder_screen_band`
+    # of its threshold is re-scored with `embedder`'s vector of the text. "none": `embedder` alone.
+    embedder_screen: Literal["none", "onnx-int8"] = "none"
+    embedder_screen_band: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.04
 
     @model_validator(mode="after")
     def _hysteresis(self) -> TiersSettings:

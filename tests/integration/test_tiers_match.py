@@ -12,7 +12,7 @@ import pytest
 from services.tiers.edge.client import AsyncTiersClient
 from tests.integration.nodes import InvalidationTap, running
 from tests.integration.test_tiers_service import linked
-from tests.unit.tiers.minilm import NOT_RESET, PARAPHRASE, RESET
+from tests.unit.tiers.minilm import NOT_RESET, PARAPHRASE, RESET, REWORDED, embed
 
 pytestmark = pytest.mark.integration
 
@@ -57,3 +57,32 @@ async def test_a_negated_write_on_a_spares_bs_original_and_a_paraphrase_replaces
             await tap.applied(b, await tap.landed(paraphrase, origin=a))
             assert original not in b.cache.l1  # 0.99 and no guard fires: the same question
             assert negated in b.cache.l1  # promoted by the lookup above, and spared (the negation guard)
+
+
+async def test_a_screened_node_decides_near_the_threshold_with_the_precise_similarity(
+    kafka, namespace, topics_on, node_settings
+) -> None:
+    """`embedder_screen`: text lookups are embedded by int8 first; a candidate within the band of its
+    threshold is re-scored with the fp32 vector (services/tiers/node/refine.py), one far from it is not."""
+    await topics_on(kafka)
+    options = {"l3_breaker_p99_ms": 10_000.0, "embedder_preload": True, "embedder_screen": "onnx-int8"}
+    run = uuid.uuid4().hex[:12]
+    model, key = f"minilm-{run}", f"faq:pw-reset-{run}"
+    async with running(node_settings("a", **options)) as a:
+        assert a.cache is not None and a.screen is not None
+        await a.embedder.start_loading()
+        await a.screen.start_loading()
+        assert (a.embedder.backend, a.screen.backend) == ("onnx", "onnx-int8")
+        async with AsyncTiersClient(a.api_url, timeout_s=120) as client:
+            await client.put(key, "Settings > Security > Reset password.", model=model, embed_text=RESET)
+            precise = float(embed(REWORDED) @ embed(RESET))  # fp32, as the entry was written: 0.970
+            just_below = await client.lookup(text=REWORDED, model=model, tolerance=precise - 0.002)
+            assert just_below.hit and just_below.key == key
+            assert just_below.similarity == pytest.approx(precise, abs=1e-3)
+            just_above = await client.lookup(text=REWORDED, model=model, tolerance=precise + 0.002)
+            assert not just_above.hit
+            assert a.cache.stats()["refine"]["refined"] == 2
+            far = await client.lookup(text=PARAPHRASE, model=model)  # 0.99 against 0.92: settled
+            assert far.hit and far.key == key
+            refine = a.cache.stats()["refine"]
+            assert (refine["screened"], refine["refined"], refine["failed"]) == (3, 2, 0)

@@ -210,10 +210,23 @@ def _json(body: Any, status_code: int = 200) -> Response:
     return Response(encode_json(body), status_code=status_code, media_type="application/json")
 
 
-def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder | None = None) -> FastAPI:
-    """The API over one node's tiered cache. `embedder` None: lookups by text answer 503."""
+def create_app(
+    cache: TieredCache,
+    settings: TiersSettings,
+    embedder: Embedder | None = None,
+    screen: Embedder | None = None,
+) -> FastAPI:
+    """The API over one node's tiered cache. `embedder` None: lookups by text answer 503. `screen`: a
+    cheaper model that embeds text lookups first (services/tiers/node/refine.py); writes and feedback
+    are embedded by `embedder`."""
     dim = settings.embedding_dim
     token = settings.token_bytes
+
+    def screening() -> Embedder | None:
+        """The screen, once it loaded as a model other than the precise one (a fallback may not be)."""
+        if screen is None or embedder is None or screen.state != "ready":
+            return None
+        return screen if screen.backend != embedder.backend else None
 
     async def embed_texts(texts: list[str]) -> np.ndarray:
         if embedder is None:
@@ -241,13 +254,20 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
         planned = [query_of(body) for body in bodies]
         vectors = [vec for vec, _ in planned]
         texts = {i: text for i, (_, text) in enumerate(planned) if text is not None}
+        cheap = screening() if texts else None
         if texts:
-            embedded = await embed_texts(list(texts.values()))
+            if cheap is not None:
+                try:
+                    embedded = await cheap.embed(list(texts.values()))
+                except EmbedderUnavailable:
+                    cheap, embedded = None, await embed_texts(list(texts.values()))
+            else:
+                embedded = await embed_texts(list(texts.values()))
             for i, row in zip(texts, embedded, strict=True):
                 vectors[i] = row
         return [
-            CacheQuery(b.key, v, b.model, b.tolerance, b.trace_id, b.text)
-            for b, v in zip(bodies, vectors, strict=True)
+            CacheQuery(b.key, v, b.model, b.tolerance, b.trace_id, b.text, cheap is not None and i in texts)
+            for i, (b, v) in enumerate(zip(bodies, vectors, strict=True))
         ]
 
     app = EdgeFirst(
@@ -286,7 +306,13 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     async def lookup_one(body: LookupBody) -> dict[str, Any]:
         (q,) = await to_queries([body])
         result = await cache.get(
-            q.key, q.embedding, model=q.model, tolerance=q.tolerance, trace_id=q.trace_id, text=q.text
+            q.key,
+            q.embedding,
+            model=q.model,
+            tolerance=q.tolerance,
+            trace_id=q.trace_id,
+            text=q.text,
+            screened=q.screened,
         )
         return lookup_dict(body, result)
 
@@ -445,6 +471,7 @@ def create_app(cache: TieredCache, settings: TiersSettings, embedder: Embedder |
     async def stats() -> dict[str, Any]:
         report = cache.stats()
         report["embedder"] = embedder.health() if embedder is not None else None
+        report["screen"] = screen.health() if screen is not None else None
         return report
 
     app.include_router(v1)

@@ -396,10 +396,12 @@ class L1Cache:
         *,
         min_similarity: float = 0.0,
         entry_floor: bool = True,
+        floor_margin: float = 0.0,
         model: str | None = None,
     ) -> list[list[L1Hit]]:
         """Per query, the live entries (of `model`) at or above `min_similarity` (and, with
-        `entry_floor`, their own tolerance), best first: candidates for a match decision. Nothing is
+        `entry_floor`, their own tolerance less `floor_margin`), best first: candidates for a match
+        decision. Nothing is
         counted as a hit and the policy is not told until `note_semantic_hit`; a query without a
         candidate counts as a miss."""
         q = np.asarray(embeddings, dtype=np.float32)
@@ -409,7 +411,7 @@ class L1Cache:
         ids, sims = self.index.search(q, min(self.candidates, len(self.index)))
         need = np.full(ids.shape, np.float32(min_similarity), dtype=np.float32)
         if entry_floor:
-            need = np.maximum(need, self._tolerance[np.maximum(ids, 0)])
+            need = np.maximum(need, self._tolerance[np.maximum(ids, 0)] - np.float32(floor_margin))
         ok = (ids >= 0) & (sims >= need)
         now = self.clock()
         out: list[list[L1Hit]] = []

@@ -94,14 +94,22 @@ class Matcher:
     # --- lookups -----------------------------------------------------------------------------------
 
     def conclusive(
-        self, text: str | None, meta: EntryMeta, similarity: float, tolerance: float | None
+        self,
+        text: str | None,
+        meta: EntryMeta,
+        similarity: float,
+        tolerance: float | None,
+        *,
+        margin: float = 0.0,
     ) -> bool:
-        """A served candidate no other tier can beat (near-exact): the walk stops here."""
+        """A served candidate no other tier can beat (near-exact): the walk stops here. `margin`: how
+        far `similarity` may be off (a screened lookup: it must be served `margin` lower too)."""
         if similarity < NEAR_EXACT:
             return False
-        return self.decision.decide(
-            text or "", self.candidate(meta, similarity, "l1"), tolerance=tolerance
-        ).conclusive
+        result = self.decision.decide(
+            text or "", self.candidate(meta, similarity - margin, "l1"), tolerance=tolerance
+        )
+        return result.served if margin else result.conclusive
 
     def best(
         self,

@@ -37,6 +37,8 @@ class Query:
     trace_id: str | None = None
     # The request's text, when the lookup came by text: the match guards compare it with the prompts.
     text: str | None = None
+    # `embedding` is the cheap model's (refine.py): candidates near their threshold are re-scored.
+    screened: bool = False
 
 
 class Lookup(NamedTuple):  # a tuple: one is built per lookup (0.26 us; a frozen dataclass 0.91)

@@ -26,6 +26,7 @@ from services.tiers.node.degrade import HitRateGuard
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import AccessRecord, Outbox
 from services.tiers.node.plan import LOCAL_PLAN, PLAN, Lookup, Match, Offer, Pending, Query, Step, Walk
+from services.tiers.node.refine import Refiner, rescore, unsettled
 from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class TierReads:
         self.degrade = degrade
         self.local_only = False
         self._seen_hits = self._seen_lookups = 0  # the counters at the guard's last tick
+        # Set by the service when text lookups are screened by a cheap model (refine.py).
+        self.refiner: Refiner | None = None
 
     # --- local tiers ----------------------------------------------------------------------------
 
@@ -290,6 +293,7 @@ class TierReads:
         tolerance: float | None = None,
         trace_id: str | None = None,
         text: str | None = None,
+        screened: bool = False,
     ) -> Lookup | Pending:
         """`get`'s in-process part, synchronously: the answer where this node's memory settles it (an exact
         or conclusive hit in L1/L2; a key alone held in L1 without a walk), else the walk for `finish`."""
@@ -302,9 +306,9 @@ class TierReads:
                 self.l1.get(key)  # counts the hit and tells the policy, as the walk's probe does
                 return self._finish(key, None, held, "l1", "exact", 1.0, started, False, trace_id)
         vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
-        walk = Walk((Query(key, vec, model, tolerance, trace_id, text),), batched=False)
+        walk = Walk((Query(key, vec, model, tolerance, trace_id, text, screened),), batched=False)
         hearing = self._walk_local(walk)
-        if walk.left:
+        if walk.left or self._unsettled(walk):
             return Pending(walk, started, hearing)
         self._decide(walk)
         return self._answers(walk, started)[0]
@@ -323,9 +327,13 @@ class TierReads:
         tolerance: float | None = None,
         trace_id: str | None = None,
         text: str | None = None,
+        screened: bool = False,
     ) -> Lookup:
-        """`text`: the request's text when `embedding` is its embedding (the guards need it)."""
-        got = self.begin(key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text)
+        """`text`: the request's text when `embedding` is its embedding (the guards need it);
+        `screened`: that embedding is the cheap model's (refine.py)."""
+        got = self.begin(
+            key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text, screened=screened
+        )
         return got if isinstance(got, Lookup) else await self.finish(got)
 
     async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
@@ -388,18 +396,53 @@ class TierReads:
                         await self._l3_semantic(step, walk, todo, self.l3)
                 case _:
                     raise AssertionError(f"no probe for {step}")
+        await self._refine(walk)
         self._decide(walk)
+
+    def _margin(self, q: Query) -> float:
+        """How far below its floors a screened query's candidates are searched (refine.py)."""
+        return self.refiner.band if q.screened and self.refiner is not None else 0.0
 
     def _offer(self, walk: Walk, i: int, step: Step, entry: Entry, similarity: float) -> None:
         """A semantic candidate for query `i`; a conclusive one (near-exact, served) ends its walk."""
         q = walk.queries[i]
         walk.offer(i, step, entry, similarity)
-        if self.matcher.conclusive(q.text, entry.meta, similarity, q.tolerance):
+        if self.matcher.conclusive(q.text, entry.meta, similarity, q.tolerance, margin=self._margin(q)):
             walk.close(i)
+
+    def _unsettled(self, walk: Walk) -> list[int]:
+        """The screened queries whose verdict the cheap vector may get wrong (refine.py)."""
+        out = []
+        for i, offers in walk.offers.items():
+            q = walk.queries[i]
+            if walk.found[i] is not None or not (margin := self._margin(q)):
+                continue
+            thresholds = [self.matcher.threshold(o.entry.meta, q.tolerance) for o in offers]
+            if unsettled([o.similarity for o in offers], thresholds, margin):
+                out.append(i)
+        return out
+
+    async def _refine(self, walk: Walk) -> None:
+        """Re-scores the unsettled screened queries' candidates with the precise model's vectors."""
+        if self.refiner is None:
+            return
+        if not (todo := self._unsettled(walk)):
+            return
+        try:
+            vectors = await self.refiner.precise([str(walk.queries[i].text) for i in todo])
+        except Exception as exc:  # the model failed: the screened vectors decide, counted
+            self.refiner.failed += len(todo)
+            log.warning("precise re-score failed; screened verdicts stand", extra={"error": repr(exc)})
+            return
+        self.refiner.refined += len(todo)
+        for i, vec in zip(todo, vectors, strict=True):
+            walk.offers[i] = rescore(walk.offers[i], vec)
 
     def _decide(self, walk: Walk) -> None:
         """The best acceptable candidate across tiers for every query the exact steps left unanswered
         (matching/decision.py's `best_candidate`); it is promoted as its step says."""
+        if self.refiner is not None:
+            self.refiner.screened += sum(q.screened for q in walk.queries)
         for i, offers in walk.offers.items():
             if walk.found[i] is not None:
                 continue  # an exact key beats every semantic candidate
@@ -431,14 +474,15 @@ class TierReads:
 
     def _l1_semantic(self, step: Step, walk: Walk, todo: list[int]) -> None:
         qs = walk.queries
-        groups: dict[tuple[str | None, float | None], list[int]] = {}
+        groups: dict[tuple[str | None, float | None, float], list[int]] = {}
         for i in todo:
-            groups.setdefault((qs[i].model, qs[i].tolerance), []).append(i)
-        for (model, tolerance), idx in groups.items():
+            groups.setdefault((qs[i].model, qs[i].tolerance, self._margin(qs[i])), []).append(i)
+        for (model, tolerance, margin), idx in groups.items():
             found = self.l1.semantic_candidates(
                 np.stack([qs[i].embedding for i in idx]),  # type: ignore[misc]
-                min_similarity=self.matcher.min_similarity(tolerance),
+                min_similarity=self.matcher.min_similarity(tolerance) - margin,
                 entry_floor=self.matcher.entry_floors,
+                floor_margin=margin,
                 model=model,
             )
             for i, near in zip(idx, found, strict=True):
@@ -479,7 +523,7 @@ class TierReads:
                     q.embedding,
                     now,
                     model=q.model,
-                    min_similarity=self.matcher.min_similarity(q.tolerance),
+                    min_similarity=self.matcher.min_similarity(q.tolerance) - self._margin(q),
                     candidates=self.l3_candidates,
                 )
                 walk.asked(i, step, ran)
@@ -513,7 +557,7 @@ class TierReads:
                     q.embedding,
                     self.wall_ms(),
                     model=q.model,
-                    min_similarity=self.matcher.min_similarity(q.tolerance),
+                    min_similarity=self.matcher.min_similarity(q.tolerance) - self._margin(q),
                     candidates=self.l3_candidates,
                 )
             )

@@ -416,6 +416,7 @@ class TieredCache(TierReads):
             "warmed": c.warmed,
             "conversations_ended": c.conversations_ended,
             "context_dropped": c.context_dropped,
+            "refine": self.refiner.stats() if self.refiner is not None else None,
             "l1": {
                 "entries": l1.entries,
                 "bytes_used": l1.bytes_used,
