@@ -33,7 +33,7 @@ import re
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
@@ -45,6 +45,7 @@ from infra.paths import shared_data_dir
 from matching import guards
 from matching.decision import Candidate, MatchDecision, Verdict
 from matching.threshold import POOLED_MODELS, EntryThreshold, ThresholdLearner
+from services.tiers.node.refine import unsettled
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
@@ -179,6 +180,7 @@ class Tally:
     served: int = 0
     wrong: int = 0
     explored: int = 0
+    refined: int = 0
 
 
 class Fixed:
@@ -198,6 +200,9 @@ class Fixed:
     def feedback(self, c: Candidate, correct: bool, explored: bool = False) -> None:
         pass
 
+    def serve_from(self, c: Candidate) -> float:
+        return self.threshold
+
 
 class Learned:
     def __init__(
@@ -213,6 +218,9 @@ class Learned:
     def feedback(self, c: Candidate, correct: bool, explored: bool = False) -> None:
         self.decision.feedback(c, correct, explored=explored)
 
+    def serve_from(self, c: Candidate) -> float:
+        return self.decision.learner_for(c.group or "").thresholds(c.state)[0]
+
 
 def simulate(
     method: Fixed | Learned,
@@ -222,12 +230,22 @@ def simulate(
     rng: random.Random,
     feedback_rate: float,
     top_k: int,
+    screen: dict[str, np.ndarray] | None = None,
+    band: float = 0.0,
 ) -> Tally:
+    """`screen`: the cheap model's vectors of the requests (the tier node's screened lookups,
+    services/tiers/node/refine.py): the nearest entries by them, re-scored with `vectors` (the precise
+    model, which also embedded the entries) when one lies within `band` of its threshold."""
     tally = Tally()
     texts: list[str] = []
     states: list[EntryThreshold] = []
     matrix = np.zeros((len(stream), next(iter(vectors.values())).shape[0]), dtype=np.float32)
     cached_answers: set[str] = set()
+
+    def precisely(c: Candidate) -> Candidate:
+        # Feedback is embedded by the precise model (the node's POST /v1/feedback): its similarity.
+        return c if screen is None else replace(c, similarity=float(matrix[int(c.key)] @ vectors[text]))
+
     for text in stream:
         tally.requests += 1
         mine = world.answer[text]
@@ -235,9 +253,16 @@ def simulate(
         is_trap = not is_para and any(world.answer[t] in cached_answers for t in world.traps.get(text, ()))
         verdict, chosen = Verdict.MISS, None
         if texts:
-            sims = matrix[: len(texts)] @ vectors[text]
+            sims = matrix[: len(texts)] @ (vectors if screen is None else screen)[text]
             order = np.argsort(-sims)[:top_k]
             cands = [Candidate(str(i), texts[i], float(sims[i]), state=states[i]) for i in order.tolist()]
+            if screen is not None and unsettled(
+                [c.similarity for c in cands], [method.serve_from(c) for c in cands], band
+            ):
+                tally.refined += 1
+                precise = matrix[: len(texts)] @ vectors[text]
+                cands = [Candidate(c.key, c.text, float(precise[int(c.key)]), state=c.state) for c in cands]
+                cands.sort(key=lambda c: -c.similarity)
             verdict, chosen = method.choose(text, cands)
         if verdict is Verdict.SERVE and chosen is not None:
             correct = world.answer[chosen.text] == mine
@@ -247,11 +272,11 @@ def simulate(
             if is_para:
                 tally.para_hit += correct
             if rng.random() < feedback_rate:
-                method.feedback(chosen, correct)
+                method.feedback(precisely(chosen), correct)
         else:
             if verdict is Verdict.EXPLORE and chosen is not None:
                 tally.explored += 1
-                method.feedback(chosen, world.answer[chosen.text] == mine, explored=True)
+                method.feedback(precisely(chosen), world.answer[chosen.text] == mine, explored=True)
             matrix[len(texts)] = vectors[text]
             texts.append(text)
             states.append(EntryThreshold())
@@ -285,6 +310,7 @@ def run(args: argparse.Namespace, console: Console) -> list[dict[str, object]]:
     world = build_world(pairs)
     texts = sorted(world.answer)
     vectors = embed(texts, args.out, args.embedder)
+    args.screen_vectors = None if args.screen == "none" else embed(texts, args.out, args.screen)
     rows: list[dict[str, object]] = []
     # The test half continues with the pool each seed learned on the dev half (its entries are new):
     # in production the pooled model persists, and a half of ~1,000 prompts is short for a cold start.
@@ -332,8 +358,29 @@ def measure(
         rng = random.Random(seed)
         stream = list(half)
         rng.shuffle(stream)
-        t = simulate(make(seed), stream, vectors, world, rng, args.feedback_rate, args.candidates)
-        for k in ("requests", "para", "para_hit", "trap", "trap_served", "served", "wrong", "explored"):
+        t = simulate(
+            make(seed),
+            stream,
+            vectors,
+            world,
+            rng,
+            args.feedback_rate,
+            args.candidates,
+            getattr(args, "screen_vectors", None),  # bench.embedders' arguments have no screen
+            getattr(args, "band", 0.0),
+        )
+        keys = (
+            "requests",
+            "para",
+            "para_hit",
+            "trap",
+            "trap_served",
+            "served",
+            "wrong",
+            "explored",
+            "refined",
+        )
+        for k in keys:
             setattr(total, k, getattr(total, k) + getattr(t, k))
         for src, (n, hit) in t.para_by_source.items():
             total.para_by_source[src][0] += n
@@ -349,6 +396,7 @@ def measure(
         "wrong": total.wrong / max(total.served, 1),
         "served": total.served / max(total.requests, 1),
         "explored": total.explored / max(total.requests, 1),
+        "refined": total.refined / max(total.requests, 1),
         "seconds": time.perf_counter() - started,
     }
 
@@ -403,6 +451,7 @@ HEADER = [
     "wrong/served",
     "served",
     "explored",
+    "re-scored",
 ]
 
 
@@ -410,7 +459,7 @@ def _cells(r: dict[str, object]) -> list[str]:
     def pct(k: str) -> str:
         return f"{100 * float(str(r[k])):.1f}"
 
-    keys = ("para_hit", "gptcache_hit", "fow_hit", "traps_served", "wrong", "served", "explored")
+    keys = ("para_hit", "gptcache_hit", "fow_hit", "traps_served", "wrong", "served", "explored", "refined")
     return [str(r["method"]), *(pct(k) for k in keys)]
 
 
@@ -475,6 +524,13 @@ def main() -> None:
     )
     parser.add_argument("--candidates", type=int, default=3, help="nearest entries considered per request")
     parser.add_argument("--embedder", default="torch", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument(
+        "--screen",
+        default="none",
+        choices=("none", "onnx-int8"),
+        help="screen requests with this cheaper model; --embedder re-scores near a threshold",
+    )
+    parser.add_argument("--band", type=float, default=0.04, help="the screen's band (services/tiers)")
     parser.add_argument("--methods", default="", help="comma-separated name parts: run only those methods")
     args = parser.parse_args()
     console = Console(width=140)

@@ -11,8 +11,8 @@ lookups of texts it has not seen (so the embedder's cache does not answer them):
 Texts come from the semantic benchmark's prompts (../shared/data/semantic and fow-cache) in a few
 phrasings, each sent once. `--profile` runs the node under cProfile and writes the top functions.
 
-    .venv/bin/python -m bench.semantic_latency [--embedder onnx] [--lanes 2] [--rate 200] [--seconds 20]
-        [--profile]
+    .venv/bin/python -m bench.semantic_latency [--embedder onnx] [--screen onnx-int8] [--lanes 2]
+        [--rate 200] [--seconds 20] [--profile]
 
 `--lanes` / `--max-call-texts` set the node's CACHEMESH_TIERS_EMBEDDER_LANES / _MAX_CALL_TEXTS.
 
@@ -266,7 +266,7 @@ async def stats(url: str) -> dict[str, Any]:
     if b"200" not in status_line:
         return {}
     report: dict[str, Any] = json.loads(payload)
-    return report.get("embedder") or {}
+    return report
 
 
 async def forget(dsn: str, model: str) -> None:
@@ -293,6 +293,8 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
         namespace = f"bench{uuid.uuid4().hex[:6]}."
         await ensure_topics(broker.bootstrap, namespace)
         tuning = {"CACHEMESH_TIERS_EMBEDDER_LANES": str(args.lanes)}
+        if args.screen != "none":
+            tuning["CACHEMESH_TIERS_EMBEDDER_SCREEN"] = args.screen
         if args.max_call_texts:
             tuning["CACHEMESH_TIERS_EMBEDDER_MAX_CALL_TEXTS"] = str(args.max_call_texts)
         node, url = start_node(pg.dsn, broker.bootstrap, namespace, workdir, args.embedder, profile, tuning)
@@ -319,6 +321,11 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
             rows.append(embed_alone(local, texts.take(300)))
             console.print(rows[-1], style="dim")
             await closed_loop(url, text_bodies(50), 4, 5.0)  # warm-up: connections, first batches
+            deadline = time.monotonic() + 60
+            while args.screen != "none" and ((await stats(url)).get("screen") or {}).get("state") != "ready":
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the node's screen model did not load")
+                await asyncio.sleep(0.2)
             # Closed loops first: an overloaded open loop leaves the node a backlog that would stall them.
             for clients in (1, 32):
                 for kind, make in (
@@ -337,12 +344,24 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
                 rows.append({"kind": kind, "load": f"open loop {args.rate:.0f}/s", **r})
                 console.print(rows[-1], style="dim")
             after = await stats(url)
-            encoded = after.get("encoded_texts", 0) - before.get("encoded_texts", 0)
-            batches = after.get("batches", 0) - before.get("batches", 0)
-            call_ms = 1000 * (after.get("encode_s", 0.0) - before.get("encode_s", 0.0)) / max(batches, 1)
+            # The model that embeds text lookups first: the screen when there is one.
+            which = "screen" if args.screen != "none" else "embedder"
+            b, a = before.get(which) or {}, after.get(which) or {}
+            encoded = a.get("encoded_texts", 0) - b.get("encoded_texts", 0)
+            batches = a.get("batches", 0) - b.get("batches", 0)
+            call_ms = 1000 * (a.get("encode_s", 0.0) - b.get("encode_s", 0.0)) / max(batches, 1)
             per_batch = encoded / max(batches, 1)
+            refine_b, refine_a = before.get("refine") or {}, after.get("refine") or {}
+            screened = refine_a.get("screened", 0) - refine_b.get("screened", 0)
+            refined = refine_a.get("refined", 0) - refine_b.get("refined", 0)
             rows.append(
-                {"kind": "embedder", "load": "open loop", "texts_per_batch": per_batch, "call_ms": call_ms}
+                {
+                    "kind": "embedder",
+                    "load": "open loop",
+                    "texts_per_batch": per_batch,
+                    "call_ms": call_ms,
+                    "refined_share": refined / screened if screened else None,
+                }
             )
         finally:
             node.stop(30)
@@ -378,8 +397,12 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, console: Consol
         if r["kind"] != "embedder"
     ]
     emb = next((r for r in rows if r["kind"] == "embedder"), {"texts_per_batch": 0.0, "call_ms": 0.0})
+    screen = ""
+    if args.screen != "none":
+        share = emb.get("refined_share")
+        screen = f", screened by {args.screen} ({100 * (share or 0.0):.1f}% of text lookups re-scored)"
     title = (
-        f"lookups at the API, embedder {args.embedder}, {args.lanes} lane(s)"
+        f"lookups at the API, embedder {args.embedder}{screen}, {args.lanes} lane(s)"
         f" (open loop: {emb['texts_per_batch']:.2f} texts per"
         f" model call of {emb['call_ms']:.1f} ms;"
         " targets: text p50 <= 5 ms, p99 <= 15 ms at 200/s; 32 clients >= 1 client)"
@@ -398,6 +421,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--embedder", default="onnx", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument(
+        "--screen", default="none", choices=("none", "onnx-int8"), help="the node's EMBEDDER_SCREEN"
+    )
     parser.add_argument("--lanes", type=int, default=1, help="the node's embedder lanes")
     parser.add_argument("--max-call-texts", type=int, default=0, help="0: the node's default")
     parser.add_argument("--rate", type=float, default=200.0)
