@@ -436,7 +436,9 @@ class TierReads:
             return
         self.refiner.refined += len(todo)
         for i, vec in zip(todo, vectors, strict=True):
-            walk.offers[i] = rescore(walk.offers[i], vec)
+            offers = walk.offers[i]
+            walk.offers[i] = rescore(offers, vec)
+            self.refiner.observe(offers, walk.offers[i])
 
     def _decide(self, walk: Walk) -> None:
         """The best acceptable candidate across tiers for every query the exact steps left unanswered

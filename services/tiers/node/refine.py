@@ -29,13 +29,31 @@ class Refiner:
     screened: int = 0  # screened lookups decided
     refined: int = 0  # of those, re-scored by the precise model
     failed: int = 0  # re-scores the precise model could not do (decided on the screened vector)
+    # The band's check on live traffic: how far re-scoring moved a candidate's similarity. A shift past
+    # the band means a verdict outside it could have been wrong too: widen the band.
+    max_shift: float = 0.0
+    over_band: int = 0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.band < 1.0:
             raise ValueError(f"band must be in [0, 1), got {self.band}")
 
+    def observe(self, before: Sequence[Offer], after: Sequence[Offer]) -> None:
+        """Records how far re-scoring moved each candidate (once per entry: tiers may offer it twice)."""
+        shifts = {n.entry.key: abs(n.similarity - o.similarity) for o, n in zip(before, after, strict=True)}
+        for shift in shifts.values():
+            self.max_shift = max(self.max_shift, shift)
+            self.over_band += shift > self.band
+
     def stats(self) -> dict[str, float | int]:
-        return {"band": self.band, "screened": self.screened, "refined": self.refined, "failed": self.failed}
+        return {
+            "band": self.band,
+            "screened": self.screened,
+            "refined": self.refined,
+            "failed": self.failed,
+            "max_shift": round(self.max_shift, 6),
+            "over_band": self.over_band,
+        }
 
 
 def unsettled(similarities: Sequence[float], thresholds: Sequence[float], band: float) -> bool:

@@ -101,7 +101,19 @@ async def test_a_cheap_hit_the_precise_model_puts_below_the_threshold_is_a_miss(
     # Unscreened, the same vector is taken as it is: served, and the precise model is not asked.
     plain = await cache.get(embedding=cheap, text="q")
     assert plain.hit and plain.similarity == pytest.approx(0.935, abs=1e-5) and len(precise.asked) == 1
-    assert cache.stats()["refine"] == {"band": 0.04, "screened": 1, "refined": 1, "failed": 0}
+    refine = cache.stats()["refine"]
+    assert (refine["screened"], refine["refined"], refine["failed"], refine["over_band"]) == (1, 1, 0, 0)
+    assert refine["max_shift"] == pytest.approx(0.035, abs=1e-4)
+
+
+async def test_a_shift_past_the_band_is_counted() -> None:
+    precise = Precise()
+    cache, _ = make(precise, band=0.02)
+    base = unit(RNG, DIM)
+    await put(cache, "k", base)
+    got = await cache.get(embedding=planted(base, 0.93, 0.88, "q", precise), text="q", screened=True)
+    refine = cache.stats()["refine"]
+    assert not got.hit and refine["over_band"] == 1 and refine["max_shift"] == pytest.approx(0.05, abs=1e-4)
 
 
 async def test_a_cheap_miss_just_below_the_floor_is_served_when_the_precise_model_agrees() -> None:
