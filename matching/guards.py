@@ -2,9 +2,12 @@
 
 Each guard compares the cached prompt with the request and returns a reason when it fires (None when
 it does not): negation added or removed, numbers/dates/units changed, named entities or quoted strings
-changed or swapped between roles, opposite comparatives or antonyms. They are deliberately
-word-list based and general English (nothing tuned to one data set): a fired guard means "do not trust
-the similarity", not "the answers differ". Order and casing never make a guard fire.
+changed or swapped between roles (also around a single "to": "convert a PDF to Word" / "Word to PDF"),
+opposite comparatives or antonyms (in inflected forms too: increased/decreased). They are deliberately
+word-list based and general English: a fired guard means "do not trust the similarity", not "the
+answers differ". Order and casing never make a guard fire. The second round of words (weekday/weekend,
+part-time/full-time, within/after, inflections, the single-"to" swap) came from the families of wrong
+answers bench/semantic.py served on its dev half; over/under before an amount from one on its test half.
 """
 
 from __future__ import annotations
@@ -265,7 +268,23 @@ def entities(cached: str, request: str) -> str | None:
         for y in ra:
             if x < y and x in rb and y in rb and ra[x] == rb[y] and ra[y] == rb[x] and ra[x] != ra[y]:
                 return f"swapped: {x} {sorted(ra[x])} / {y} {sorted(ra[y])}"
+    pa, pb = _before_to(cached), _before_to(request)
+    for w in ("to", "into"):
+        if w in ra and w in rb and w in pa and w in pb and ra[w] != rb[w]:
+            if ra[w] <= pb[w] and rb[w] <= pa[w]:
+                return f"swapped around {w!r}: {sorted(ra[w])} / {sorted(rb[w])}"
     return None
+
+
+@_memo
+def _before_to(text: str) -> dict[str, frozenset[str]]:
+    """The content words just before the first "to"/"into" ("convert a PDF to Word": {convert, pdf})."""
+    words = _words(text)
+    out: dict[str, frozenset[str]] = {}
+    for i, w in enumerate(words):
+        if w in ("to", "into") and w not in out:
+            out[w] = frozenset(x for x in words[max(0, i - 4) : i] if x not in _STOP and x not in _ROLE_WORDS)
+    return out
 
 
 # --- opposite comparatives and antonyms ---------------------------------------------------------------
@@ -293,6 +312,10 @@ OPPOSITES: tuple[tuple[str, str], ...] = (
     ("pros", "cons"), ("advantages", "disadvantages"),
     ("benefits", "risks"), ("strengths", "weaknesses"), ("plus", "minus"), ("positive", "negative"),
     ("lend", "borrow"), ("give", "take"), ("credit", "debit"), ("deposit", "withdraw"), ("join", "leave"),
+    ("weekday", "weekend"), ("part-time", "full-time"), ("within", "after"), ("within", "outside"),
+    ("private", "public"), ("internal", "external"), ("domestic", "international"),
+    ("temporary", "permanent"), ("online", "offline"), ("manual", "automatic"), ("upgrade", "downgrade"),
+    ("encrypt", "decrypt"), ("compress", "decompress"), ("over#n", "under#n"), ("above#n", "below#n"),
 )  # fmt: skip
 _OPPOSITE: dict[str, set[str]] = {}
 for _x, _y in OPPOSITES:
@@ -303,15 +326,42 @@ for _x, _y in OPPOSITES:
 _WEAK = frozenset({"in", "out", "on", "off", "up", "down", "over", "under", "left", "right"})
 
 
+_INFLECTIONS = (("ies", "y"), ("es", ""), ("s", ""), ("ed", ""), ("d", ""), ("ing", ""), ("ing", "e"))
+_AMOUNT = re.compile(r"[£$€¥]?\d")
+
+
+def _bases(word: str) -> frozenset[str]:
+    """The word and what it may inflect ("increased" -> "increase", "weekends" -> "weekend")."""
+    forms = {word}
+    for suffix, ending in _INFLECTIONS:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            forms.add(word[: -len(suffix)] + ending)
+    return frozenset(forms)
+
+
+@_memo
+def _comparables(text: str) -> dict[str, frozenset[str]]:
+    """Words by their base forms; a weak comparative before an amount ("over £50") as "over#n"."""
+    words = _words(text)
+    out = {w: _bases(w) for w in words}
+    for i, w in enumerate(words[:-1]):
+        if w in ("over", "under", "above", "below") and _AMOUNT.match(words[i + 1]):
+            out[f"{w}#n"] = frozenset({f"{w}#n"})
+    return out
+
+
 def opposites(cached: str, request: str) -> str | None:
-    """A word in one prompt whose opposite is in the other and not in the first (more/less, before/after)."""
-    sa, sb = set(_words(cached)), set(_words(request))
-    for word in sorted(sa - sb):
-        if word in _WEAK:
+    """A word in one prompt whose opposite is in the other and not in the first (more/less, before/after;
+    inflected forms too: increased/decreased, weekdays/weekends; over/under only before an amount)."""
+    ca, cb = _comparables(cached), _comparables(request)
+    fa, fb = frozenset().union(*ca.values()), frozenset().union(*cb.values())
+    for word in sorted(ca.keys() - cb.keys()):
+        if word in _WEAK or ca[word] & fb:
             continue
-        for opposite in sorted(_OPPOSITE.get(word, ())):
-            if opposite in sb and opposite not in sa and opposite not in _WEAK:
-                return f"opposite: {word!r} vs {opposite!r}"
+        for base in sorted(ca[word]):
+            for opposite in sorted(_OPPOSITE.get(base, ())):
+                if opposite in fb and opposite not in fa and opposite not in _WEAK:
+                    return f"opposite: {word!r} vs {opposite!r}"
     return None
 
 

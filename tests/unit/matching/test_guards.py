@@ -28,6 +28,17 @@ from matching.threshold import ThresholdLearner
         ("opposites", "Should I eat before the test?", "Should I eat after the test?"),
         ("opposites", "What is the maximum dose?", "What is the minimum dose?"),
         ("opposites", "Is the rate higher in winter?", "Is the rate lower in winter?"),
+        ("opposites", "Which bands have increased this year?", "Which bands have decreased this year?"),
+        ("opposites", "When does it close on weekdays?", "When does it close on weekends?"),
+        ("opposites", "Do part-time students pay?", "Do full-time students pay?"),
+        ("opposites", "Can I cancel within the trial?", "Can I cancel after the trial?"),
+        ("opposites", "Is delivery free on orders over £50?", "Is delivery free on orders under £50?"),
+        (
+            "entities",
+            "How do I convert a PDF to a Word document?",
+            "How do I convert a Word document to PDF?",
+        ),
+        ("entities", "Translate this from French into English", "Translate this from English into French"),
     ],
 )
 def test_guard_fires_with_a_reason(guard: str, a: str, b: str) -> None:
@@ -53,6 +64,12 @@ def test_guard_fires_with_a_reason(guard: str, a: str, b: str) -> None:
             "Users can preview a dataset without downloading it.",
             "You can see a dataset without downloading it.",
         ),
+        ("How to reset my password", "Steps to reset my password"),
+        ("When does it close on weekends?", "When does it close at the weekend?"),
+        ("Is delivery free over £50?", "Is delivery free on orders above £50?"),
+        ("How do I convert a PDF to Word?", "What's the way to convert a PDF to a Word file?"),
+        ("Send the report to Alice", "Send Alice the report"),
+        ("Prices increased", "Prices have been increasing"),
     ],
 )
 def test_paraphrase_controls_do_not_fire(a: str, b: str) -> None:
