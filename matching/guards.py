@@ -6,8 +6,9 @@ changed or swapped between roles (also around a single "to": "convert a PDF to W
 opposite comparatives or antonyms (in inflected forms too: increased/decreased). They are deliberately
 word-list based and general English: a fired guard means "do not trust the similarity", not "the
 answers differ". Order and casing never make a guard fire. The second round of words (weekday/weekend,
-part-time/full-time, within/after, inflections, the single-"to" swap) came from the families of wrong
-answers bench/semantic.py served on its dev half; over/under before an amount from one on its test half.
+part-time/full-time, within/after, optional/compulsory, opt in/out, inflections, the single-"to" swap)
+came from the families of wrong answers bench/semantic.py served on its dev half; over/under before an
+amount from one on its test half.
 """
 
 from __future__ import annotations
@@ -316,6 +317,8 @@ OPPOSITES: tuple[tuple[str, str], ...] = (
     ("private", "public"), ("internal", "external"), ("domestic", "international"),
     ("temporary", "permanent"), ("online", "offline"), ("manual", "automatic"), ("upgrade", "downgrade"),
     ("encrypt", "decrypt"), ("compress", "decompress"), ("over#n", "under#n"), ("above#n", "below#n"),
+    ("optional", "compulsory"), ("optional", "mandatory"), ("optional", "required"),
+    ("in#v", "out#v"), ("on#v", "off#v"), ("up#v", "down#v"),
 )  # fmt: skip
 _OPPOSITE: dict[str, set[str]] = {}
 for _x, _y in OPPOSITES:
@@ -328,6 +331,9 @@ _WEAK = frozenset({"in", "out", "on", "off", "up", "down", "over", "under", "lef
 
 _INFLECTIONS = (("ies", "y"), ("es", ""), ("s", ""), ("ed", ""), ("d", ""), ("ing", ""), ("ing", "e"))
 _AMOUNT = re.compile(r"[£$€¥]?\d")
+_PHRASAL = frozenset(
+    "opt log sign check switch turn scale zoom scroll power plug clock shut back".split()
+)  # fmt: skip
 
 
 def _bases(word: str) -> frozenset[str]:
@@ -347,6 +353,9 @@ def _comparables(text: str) -> dict[str, frozenset[str]]:
     for i, w in enumerate(words[:-1]):
         if w in ("over", "under", "above", "below") and _AMOUNT.match(words[i + 1]):
             out[f"{w}#n"] = frozenset({f"{w}#n"})
+        # A particle that makes the verb: opt in/out, log in/out, switch on/off, scale up/down.
+        if _bases(w) & _PHRASAL and words[i + 1] in ("in", "out", "on", "off", "up", "down"):
+            out[f"{words[i + 1]}#v"] = frozenset({f"{words[i + 1]}#v"})
     return out
 
 

@@ -33,6 +33,9 @@ from matching.threshold import ThresholdLearner
         ("opposites", "Do part-time students pay?", "Do full-time students pay?"),
         ("opposites", "Can I cancel within the trial?", "Can I cancel after the trial?"),
         ("opposites", "Is delivery free on orders over £50?", "Is delivery free on orders under £50?"),
+        ("opposites", "Which subjects are optional?", "Which subjects are compulsory?"),
+        ("opposites", "How do I opt out of the pension?", "How do I opt in to the pension?"),
+        ("opposites", "Why can't I log in?", "Why can't I log out?"),
         (
             "entities",
             "How do I convert a PDF to a Word document?",
@@ -70,6 +73,8 @@ def test_guard_fires_with_a_reason(guard: str, a: str, b: str) -> None:
         ("How do I convert a PDF to Word?", "What's the way to convert a PDF to a Word file?"),
         ("Send the report to Alice", "Send Alice the report"),
         ("Prices increased", "Prices have been increasing"),
+        ("How do I log in?", "How can I sign in to my account?"),
+        ("Turn on dark mode", "How do I turn dark mode on?"),
     ],
 )
 def test_paraphrase_controls_do_not_fire(a: str, b: str) -> None:
