@@ -295,6 +295,8 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
         tuning = {"CACHEMESH_TIERS_EMBEDDER_LANES": str(args.lanes)}
         if args.screen != "none":
             tuning["CACHEMESH_TIERS_EMBEDDER_SCREEN"] = args.screen
+            if args.band is not None:
+                tuning["CACHEMESH_TIERS_EMBEDDER_SCREEN_BAND"] = str(args.band)
         if args.max_call_texts:
             tuning["CACHEMESH_TIERS_EMBEDDER_MAX_CALL_TEXTS"] = str(args.max_call_texts)
         node, url = start_node(pg.dsn, broker.bootstrap, namespace, workdir, args.embedder, profile, tuning)
@@ -361,6 +363,8 @@ async def measure(args: argparse.Namespace, console: Console) -> list[dict[str, 
                     "texts_per_batch": per_batch,
                     "call_ms": call_ms,
                     "refined_share": refined / screened if screened else None,
+                    "max_shift": refine_a.get("max_shift"),
+                    "over_band": refine_a.get("over_band"),
                 }
             )
         finally:
@@ -400,7 +404,10 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, console: Consol
     screen = ""
     if args.screen != "none":
         share = emb.get("refined_share")
-        screen = f", screened by {args.screen} ({100 * (share or 0.0):.1f}% of text lookups re-scored)"
+        screen = (
+            f", screened by {args.screen} ({100 * (share or 0.0):.1f}% of text lookups re-scored, largest"
+            f" shift {emb.get('max_shift') or 0.0:.3f}, {emb.get('over_band') or 0} past the band)"
+        )
     title = (
         f"lookups at the API, embedder {args.embedder}{screen}, {args.lanes} lane(s)"
         f" (open loop: {emb['texts_per_batch']:.2f} texts per"
@@ -424,6 +431,7 @@ def main() -> None:
     parser.add_argument(
         "--screen", default="none", choices=("none", "onnx-int8"), help="the node's EMBEDDER_SCREEN"
     )
+    parser.add_argument("--band", type=float, default=None, help="the node's EMBEDDER_SCREEN_BAND")
     parser.add_argument("--lanes", type=int, default=1, help="the node's embedder lanes")
     parser.add_argument("--max-call-texts", type=int, default=0, help="0: the node's default")
     parser.add_argument("--rate", type=float, default=200.0)
