@@ -305,7 +305,11 @@ class TiersService(Service):
         assert self.cache is not None
         s = self.settings
         if self.screen is not None:
-            self.cache.refiner = Refiner(self.embedder.embed, s.embedder_screen_band)
+            self.cache.refiner = Refiner(
+                self.embedder.embed,
+                s.embedder_screen_band,
+                max(s.embedder_screen_band, s.embedder_screen_band_max),
+            )
         app = create_app(self.cache, s, self.embedder, self.screen)
         self._api = await serve_in_loop(
             app,

@@ -167,6 +167,8 @@ class TiersSettings(ServiceSettings):
     # of its threshold is re-scored with `embedder`'s vector of the text. "none": `embedder` alone.
     embedder_screen: Literal["none", "onnx-int8"] = "none"
     embedder_screen_band: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.04
+    # A re-score that moves a candidate past the band widens it to 1.25x that shift, up to this.
+    embedder_screen_band_max: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.1
 
     @model_validator(mode="after")
     def _hysteresis(self) -> TiersSettings:

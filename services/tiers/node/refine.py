@@ -3,8 +3,9 @@ is decided by that vector wherever its error cannot change the verdict; where a 
 `band` of its threshold, the request's text is embedded again by the precise model (the one entries
 are written with) and every candidate is re-scored with that vector, so the verdict is the precise
 model's. The band is the error bound: on the bench's 2,150 texts an int8 query against fp32 entries
-moved a pair's cosine by -0.041 to +0.033 (mean -0.005, sd 0.007), hence 0.04 by default. The tiers
-return candidates down to `band` below their floors, so none the precise model would serve is lost."""
+moved a pair's cosine by -0.041 to +0.033 (mean -0.005, sd 0.007), hence 0.04 by default; a re-score
+that moves a candidate further widens it (longer texts moved up to 0.045). The tiers return candidates
+down to `band` below their floors, so none the precise model would serve is lost."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from services.tiers.node.plan import Offer
 # (texts) -> unit-norm float32 rows of the precise model
 Precise = Callable[[list[str]], Awaitable[np.ndarray]]
 DEFAULT_BAND = 0.04
+DEFAULT_MAX_BAND = 0.1
+_WIDEN = 1.25
 
 
 @dataclass
@@ -26,6 +29,9 @@ class Refiner:
 
     precise: Precise
     band: float = DEFAULT_BAND
+    # A shift past the band widens it to 1.25x that shift, up to `max_band` (never narrows): the error
+    # the screen showed on this traffic is what it may make outside the band too.
+    max_band: float = DEFAULT_MAX_BAND
     screened: int = 0  # screened lookups decided
     refined: int = 0  # of those, re-scored by the precise model
     failed: int = 0  # re-scores the precise model could not do (decided on the screened vector)
@@ -37,17 +43,23 @@ class Refiner:
     def __post_init__(self) -> None:
         if not 0.0 <= self.band < 1.0:
             raise ValueError(f"band must be in [0, 1), got {self.band}")
+        if not self.band <= self.max_band < 1.0:
+            raise ValueError(f"max_band must be in [band, 1), got {self.max_band}")
+        self.configured_band = self.band
 
     def observe(self, before: Sequence[Offer], after: Sequence[Offer]) -> None:
         """Records how far re-scoring moved each candidate (once per entry: tiers may offer it twice)."""
         shifts = {n.entry.key: abs(n.similarity - o.similarity) for o, n in zip(before, after, strict=True)}
         for shift in shifts.values():
             self.max_shift = max(self.max_shift, shift)
-            self.over_band += shift > self.band
+            if shift > self.band:
+                self.over_band += 1
+                self.band = min(self.max_band, _WIDEN * shift)
 
     def stats(self) -> dict[str, float | int]:
         return {
             "band": self.band,
+            "configured_band": self.configured_band,
             "screened": self.screened,
             "refined": self.refined,
             "failed": self.failed,

@@ -103,17 +103,35 @@ async def test_a_cheap_hit_the_precise_model_puts_below_the_threshold_is_a_miss(
     assert plain.hit and plain.similarity == pytest.approx(0.935, abs=1e-5) and len(precise.asked) == 1
     refine = cache.stats()["refine"]
     assert (refine["screened"], refine["refined"], refine["failed"], refine["over_band"]) == (1, 1, 0, 0)
+    assert refine["band"] == refine["configured_band"] == 0.04
     assert refine["max_shift"] == pytest.approx(0.035, abs=1e-4)
 
 
-async def test_a_shift_past_the_band_is_counted() -> None:
+async def test_a_shift_past_the_band_is_counted_and_widens_the_band() -> None:
     precise = Precise()
     cache, _ = make(precise, band=0.02)
     base = unit(RNG, DIM)
     await put(cache, "k", base)
+    far = at_cosine(RNG, base, 0.97)  # 0.05 above the threshold: outside the configured band
+    assert (await cache.get(embedding=far, text="far", screened=True)).hit and precise.asked == []
     got = await cache.get(embedding=planted(base, 0.93, 0.88, "q", precise), text="q", screened=True)
     refine = cache.stats()["refine"]
     assert not got.hit and refine["over_band"] == 1 and refine["max_shift"] == pytest.approx(0.05, abs=1e-4)
+    assert refine["band"] == pytest.approx(0.0625, abs=1e-4) and refine["configured_band"] == 0.02
+    # Now the same 0.97 is within the band: re-scored.
+    precise.vectors["far"] = far
+    await cache.get(embedding=far, text="far", screened=True)
+    assert precise.asked == [["q"], ["far"]]
+
+
+def test_the_band_widens_only_up_to_its_bound() -> None:
+    refiner = Refiner(Precise(), band=0.04, max_band=0.05)
+    blob, step = encode_text("x", model="m"), PLAN[1]
+    entry = Entry(EntryMeta("a", "prompt", "m", embedding=unit(RNG, DIM)), blob)
+    refiner.observe([Offer(entry, 0.9, step)], [Offer(entry, 0.7, step)])
+    assert refiner.band == 0.05 and refiner.over_band == 1
+    with pytest.raises(ValueError, match="max_band"):
+        Refiner(Precise(), band=0.04, max_band=0.03)
 
 
 async def test_a_cheap_miss_just_below_the_floor_is_served_when_the_precise_model_agrees() -> None:
