@@ -44,7 +44,6 @@ from schemas.events import (
     LatencySpikeDetected,
     RequestPenetrated,
     WindowComputed,
-    access_events,
 )
 from schemas.wire import DecodeError, dead_letter_headers, encode
 from services.runtime import tracing
@@ -92,6 +91,15 @@ def _headers(event: EventT) -> list[tuple[str, bytes]]:
     headers = event.message.headers or ()
     # faust passes aiokafka's (key, value) pairs through; a mapping only if someone built one.
     return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+
+
+def _accesses(decoded: object) -> list[CacheAccessed]:
+    """The accesses a source record stands for: a batch's, the one access, or none."""
+    if isinstance(decoded, CacheAccessed):
+        return [decoded]
+    if isinstance(decoded, CacheAccessBatch):
+        return decoded.events
+    return []
 
 
 class StreamsApp:
@@ -233,13 +241,7 @@ class StreamsApp:
             await self._dead_letter(message, exc.kind, exc.reason)
             self._ack_soon.append((stream, event))
             return
-        accesses: list[CacheAccessed]
-        if isinstance(decoded, CacheAccessed):
-            accesses = [decoded]
-        elif isinstance(decoded, CacheAccessBatch):
-            accesses = decoded.events
-        else:
-            accesses = []
+        accesses = _accesses(decoded)
         if not accesses or topic != self.names.access:
             # KV stores only move warm times (kept in memory); anything else is not ours.
             if isinstance(decoded, KvBlockStored):
@@ -297,8 +299,7 @@ class StreamsApp:
             except DecodeError as exc:
                 await self._dead_letter(record, exc.kind, exc.reason)
                 continue
-            accesses = [a for a in access_events(decoded) if isinstance(a, CacheAccessed)]
-            await self._apply_accesses(partition, record.offset, accesses)
+            await self._apply_accesses(partition, record.offset, _accesses(decoded))
 
     async def tick(self) -> None:
         """Close the panes the watermarks passed, hand them to stage 2, record the progress, then

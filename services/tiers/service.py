@@ -181,6 +181,10 @@ class TiersService(Service):
             ),
             degrade=self._degrade_guard(),
         )
+        if self.screen is not None:
+            self.cache.refiner = Refiner(
+                self.embedder.embed, s.embedder_screen_band, s.embedder_screen_band_max
+            )
         TIERS.watch(s.node_id, self.cache)
         stack.callback(TIERS.forget, s.node_id)
         await self._share_l2(stack)
@@ -304,12 +308,6 @@ class TiersService(Service):
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.cache is not None
         s = self.settings
-        if self.screen is not None:
-            self.cache.refiner = Refiner(
-                self.embedder.embed,
-                s.embedder_screen_band,
-                max(s.embedder_screen_band, s.embedder_screen_band_max),
-            )
         app = create_app(self.cache, s, self.embedder, self.screen)
         self._api = await serve_in_loop(
             app,

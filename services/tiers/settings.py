@@ -174,6 +174,8 @@ class TiersSettings(ServiceSettings):
     def _hysteresis(self) -> TiersSettings:
         if self.degrade_exit_at < self.degrade_enter_below:
             raise ValueError("degrade_exit_at must be at least degrade_enter_below (the hysteresis)")
+        if self.embedder_screen_band_max < self.embedder_screen_band:
+            raise ValueError("embedder_screen_band_max must be at least embedder_screen_band")
         return self
 
     @field_validator("l2_peers", mode="before")

@@ -256,13 +256,14 @@ def create_app(
         texts = {i: text for i, (_, text) in enumerate(planned) if text is not None}
         cheap = screening() if texts else None
         if texts:
+            wanted, embedded = list(texts.values()), None
             if cheap is not None:
                 try:
-                    embedded = await cheap.embed(list(texts.values()))
+                    embedded = await cheap.embed(wanted)
                 except EmbedderUnavailable:
-                    cheap, embedded = None, await embed_texts(list(texts.values()))
-            else:
-                embedded = await embed_texts(list(texts.values()))
+                    cheap = None  # the precise model embeds them instead
+            if embedded is None:
+                embedded = await embed_texts(wanted)
             for i, row in zip(texts, embedded, strict=True):
                 vectors[i] = row
         return [

@@ -401,9 +401,8 @@ class L1Cache:
     ) -> list[list[L1Hit]]:
         """Per query, the live entries (of `model`) at or above `min_similarity` (and, with
         `entry_floor`, their own tolerance less `floor_margin`), best first: candidates for a match
-        decision. Nothing is
-        counted as a hit and the policy is not told until `note_semantic_hit`; a query without a
-        candidate counts as a miss."""
+        decision. Nothing is counted as a hit and the policy is not told until `note_semantic_hit`; a
+        query without a candidate counts as a miss."""
         q = np.asarray(embeddings, dtype=np.float32)
         if self.index is None or not len(self.index):
             self._misses += len(q)

@@ -412,7 +412,9 @@ class TierReads:
 
     def _unsettled(self, walk: Walk) -> list[int]:
         """The screened queries whose verdict the cheap vector may get wrong (refine.py)."""
-        out = []
+        out: list[int] = []
+        if self.refiner is None:
+            return out
         for i, offers in walk.offers.items():
             q = walk.queries[i]
             if walk.found[i] is not None or not (margin := self._margin(q)):
@@ -424,9 +426,7 @@ class TierReads:
 
     async def _refine(self, walk: Walk) -> None:
         """Re-scores the unsettled screened queries' candidates with the precise model's vectors."""
-        if self.refiner is None:
-            return
-        if not (todo := self._unsettled(walk)):
+        if self.refiner is None or not (todo := self._unsettled(walk)):
             return
         try:
             vectors = await self.refiner.precise([str(walk.queries[i].text) for i in todo])

@@ -185,3 +185,16 @@ async def test_when_the_precise_model_fails_the_cheap_verdict_stands_and_is_coun
     await put(cache, "k", base)
     got = await cache.get(embedding=planted(base, 0.93, 0.5, "q", precise), text="q", screened=True)
     assert got.hit and cache.stats()["refine"]["failed"] == 1
+
+
+def test_settings_refuse_a_band_bound_below_the_band() -> None:
+    from pydantic import ValidationError
+
+    from services.tiers.settings import TiersSettings
+
+    assert (
+        TiersSettings(embedder_screen_band=0.05, embedder_screen_band_max=0.05).embedder_screen_band_max
+        == 0.05
+    )
+    with pytest.raises(ValidationError, match="embedder_screen_band_max"):
+        TiersSettings(embedder_screen_band=0.05, embedder_screen_band_max=0.04)
