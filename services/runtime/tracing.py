@@ -113,18 +113,6 @@ _TRACEPARENT_V00 = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-(0[02468ace])"
 _NO_TRACE = 0
 
 
-def _unsampled_child(trace_id: int, random_id: bool, ids: IdGenerator) -> SpanContext:
-    """The span context the SDK gives a span its ParentBased(ALWAYS_OFF) sampler drops: the
-    parent's trace (`trace_id`, 0 for a root span) under a new span id."""
-    if trace_id == _NO_TRACE:
-        trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
-    return SpanContext(trace_id, ids.generate_span_id(), is_remote=False, trace_flags=_ROOT_FLAGS[random_id])
-
-
-def _traceparent(ctx: SpanContext) -> bytes:
-    return b"00-%032x-%016x-%02x" % (ctx.trace_id, ctx.span_id, ctx.trace_flags)
-
-
 def _remote_parent(headers: Headers | None) -> tuple[bool, int, bool]:
     """(whether the fast path can stand in for the SDK: no sampled parent, no trace state; the
     trace id `traceparent` names, 0 if none is valid; whether the parent says it is random)."""
@@ -161,28 +149,52 @@ def publish_headers(topic: str, headers: Sequence[tuple[str, bytes]] = ()) -> li
         current = otel_context.get_current()
         if not current:
             # Nothing in the context (no span, no baggage): a root span.
-            return [*headers, ("traceparent", _traceparent(_unsampled_child(_NO_TRACE, False, ids)))]
-        parent = trace.get_current_span(current).get_span_context()
+            traceparent = _traceparent_of(ids.generate_trace_id(), ids.is_trace_id_random(), ids)
+            return [*headers, ("traceparent", traceparent)]
+        span = trace.get_current_span(current)
+        if type(span) is _UnsampledSpan and len(current) == 1:
+            # A handler's own publish: its record's trace, nothing else in the context.
+            return [*headers, ("traceparent", _traceparent_of(span.trace, span.random_id, ids))]
+        parent = span.get_span_context()
         if not parent.trace_flags.sampled and not parent.trace_state and not baggage.get_all(current):
-            trace_id = parent.trace_id if parent.is_valid else _NO_TRACE
-            child = _unsampled_child(trace_id, parent.trace_flags.random_trace_id, ids)
-            return [*headers, ("traceparent", _traceparent(child))]
+            if parent.is_valid:
+                traceparent = _traceparent_of(parent.trace_id, parent.trace_flags.random_trace_id, ids)
+            else:
+                traceparent = _traceparent_of(ids.generate_trace_id(), ids.is_trace_id_random(), ids)
+            return [*headers, ("traceparent", traceparent)]
     with producer_span(topic):
         return inject_headers(list(headers))
 
 
-class _UnsampledSpan:
-    """Makes a non-recording span current, as the SDK's consumer span would be, for the handler."""
+def _traceparent_of(trace_id: int, random_id: bool, ids: IdGenerator) -> bytes:
+    """`traceparent` of an unsampled span in trace `trace_id` under a new span id."""
+    return b"00-%032x-%016x-%s" % (trace_id, ids.generate_span_id(), b"02" if random_id else b"00")
 
-    __slots__ = ("_span", "_token")
 
-    def __init__(self, span: NonRecordingSpan) -> None:
-        self._span = span
+class _UnsampledSpan(NonRecordingSpan):
+    """The non-recording span the SDK's consumer span would be, made current for the handler by
+    `with`. Its span id is drawn when first asked for: a record's handler rarely asks, and a
+    `SpanContext` up front cost more than the rest of the span."""
+
+    def __init__(self, trace_id: int, random_id: bool, ids: IdGenerator) -> None:
+        if trace_id == _NO_TRACE:
+            trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
+        self.trace = trace_id
+        self.random_id = random_id
+        self._ids = ids
+        self._context: SpanContext | None = None  # type: ignore[assignment]
         self._token: object = None
 
-    def __enter__(self) -> Span:
-        self._token = otel_context.attach(trace.set_span_in_context(self._span, _EMPTY_CONTEXT))
-        return self._span
+    def get_span_context(self) -> SpanContext:
+        context = self._context
+        if context is None:
+            span_id, flags = self._ids.generate_span_id(), _ROOT_FLAGS[self.random_id]
+            context = self._context = SpanContext(self.trace, span_id, is_remote=False, trace_flags=flags)
+        return context
+
+    def __enter__(self) -> _UnsampledSpan:
+        self._token = otel_context.attach(trace.set_span_in_context(self, _EMPTY_CONTEXT))
+        return self
 
     def __exit__(self, *_: object) -> None:
         otel_context.detach(self._token)  # type: ignore[arg-type]
@@ -228,7 +240,7 @@ def consumer_span(topic: str, headers: Headers | None) -> AbstractContextManager
     if ids is not None:
         fast, trace_id, random_id = _remote_parent(headers)
         if fast:
-            return _UnsampledSpan(NonRecordingSpan(_unsampled_child(trace_id, random_id, ids)))
+            return _UnsampledSpan(trace_id, random_id, ids)
     return _sdk_consumer_span(topic, headers)
 
 
@@ -245,6 +257,8 @@ def _sdk_consumer_span(topic: str, headers: Headers | None) -> Iterator[Span]:
 
 
 def trace_id_of(span: Span) -> str | None:
+    if type(span) is _UnsampledSpan:
+        return format(span.trace, "032x")
     ctx = span.get_span_context()
     return format(ctx.trace_id, "032x") if ctx.is_valid else None
 

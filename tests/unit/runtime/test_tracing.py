@@ -110,3 +110,21 @@ def test_baggage_travels_with_the_record() -> None:
         otel_context.detach(token)
     assert headers["baggage"] == b"tenant=a"
     assert "traceparent" in headers
+
+
+def test_a_span_started_in_the_handler_is_a_child_of_the_records_span(path: str) -> None:
+    producer = f"00-{'ab' * 16}-{'cd' * 8}-02".encode()
+    with tracing.consumer_span("t", [("traceparent", producer)]) as span:
+        with trace.get_tracer("unit").start_as_current_span("work") as child:
+            inner = _parts(tracing.publish_headers("next"))
+        token = otel_context.attach(baggage.set_baggage("tenant", "a"))
+        try:
+            with_baggage = dict(tracing.publish_headers("next"))
+        finally:
+            otel_context.detach(token)
+    record_ctx, child_ctx = span.get_span_context(), child.get_span_context()
+    assert record_ctx.is_valid and record_ctx.trace_id == child_ctx.trace_id == int("ab" * 16, 16)
+    assert record_ctx.span_id not in (0, int("cd" * 8, 16)) and not child.is_recording()
+    assert inner[0] == "ab" * 16 and inner[2] == "02"
+    assert with_baggage["baggage"] == b"tenant=a"
+    assert _parts(list(with_baggage.items()))[0] == "ab" * 16
