@@ -69,7 +69,8 @@ class DecodeError(ValueError):
 
 
 def encode(event: Event) -> bytes:
-    return event.model_dump_json(exclude_none=True).encode()
+    # `model_dump_json(exclude_none=True).encode()` without the round trip through `str`.
+    return event.__pydantic_serializer__.to_json(event, exclude_none=True)
 
 
 def decode(data: bytes | None, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> Event:

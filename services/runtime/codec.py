@@ -22,6 +22,8 @@ class _Envelope(msgspec.Struct):
 
 
 _ENVELOPE = msgspec.json.Decoder(_Envelope)
+# The adapter's validator itself: `TypeAdapter.validate_json` adds 0.3 us of Python around it.
+_VALIDATE_JSON = EVENT_ADAPTER.validator.validate_json
 
 
 def decode_event(data: bytes | None, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> Event:
@@ -44,7 +46,7 @@ def decode_event(data: bytes | None, max_bytes: int = DEFAULT_MAX_EVENT_BYTES) -
     ):
         return _decode_slowly(data, max_bytes)
     try:
-        return EVENT_ADAPTER.validate_json(data)
+        return _VALIDATE_JSON(data)
     except ValueError:
         # Invalid fields: the slow path validates again and words the reason as it always has.
         return _decode_slowly(data, max_bytes)

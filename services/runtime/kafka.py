@@ -94,6 +94,8 @@ class EventPublisher:
         self._producer: AIOKafkaProducer | None = None
         self._unacked = Unacked(self._on_settled)
         self._key_hashes: dict[bytes, int] = {}
+        # Per event class: its topic and its `event_type` header.
+        self._routes: dict[type[Event], tuple[str, tuple[str, bytes]]] = {}
         # Per topic: (monotonic time until which it holds, its partitions), for `_partition`.
         self._partitions: dict[str, tuple[float, list[int]]] = {}
 
@@ -257,12 +259,13 @@ class EventPublisher:
             raise EventTooLarge(
                 f"{event.type} is {len(payload)} bytes, over the {self._settings.max_event_bytes}-byte limit"  # type: ignore[attr-defined]
             )
-        name = topic or self.topic_for(event)
+        route = self._routes.get(type(event))
+        if route is None:
+            event_type = str(event.type).encode()  # type: ignore[attr-defined]
+            route = self._routes[type(event)] = (self.topic_for(event), ("event_type", event_type))
+        name = topic or route[0]
         record_key = (key if key is not None else event.kafka_key()).encode()
-        record_headers = tracing.publish_headers(
-            name,
-            [("event_type", str(event.type).encode()), *(headers or ())],  # type: ignore[attr-defined]
-        )
+        record_headers = tracing.publish_headers(name, [route[1], *headers] if headers else [route[1]])
         return name, record_key, payload, record_headers
 
     async def publish_raw(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import uuid
 
 import jsonschema
@@ -148,3 +149,18 @@ def test_event_ids_are_distinct_version_4_uuids_in_hex() -> None:
         parsed = uuid.UUID(hex=event_id)
         assert parsed.version == 4 and parsed.variant == uuid.RFC_4122
         assert parsed.hex == event_id
+
+
+def test_a_forked_child_draws_ids_of_its_own() -> None:
+    new_event_id()  # the parent holds ids drawn ahead
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.write(write, " ".join(new_event_id() for _ in range(300)).encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read) as pipe:
+        child = set(pipe.read().split())
+    parent = {new_event_id() for _ in range(300)}
+    assert len(child) == 300 and not child & parent
