@@ -55,7 +55,7 @@ _RECORD_OVERHEAD_BYTES = 16 * 1024
 # record must fit whatever the broker accepted in the first place.
 _MAX_REQUEST_BYTES = 16 * 1024 * 1024
 # `publish_many` places records as the producer's `DefaultPartitioner` does for `send`, so both agree.
-# Keys whose murmur2 hash `publish_many` remembers (aiokafka's murmur2 is pure Python: 4.7 us a key, more
+# Keys whose murmur2 hash the publisher remembers (aiokafka's murmur2 is pure Python: 4.7 us a key, more
 # than building the event; a tier node's access events repeat its hot keys). Cleared when full.
 _KEY_HASHES_MAX = 65_536
 # How long the publisher's copy of a topic's partition list holds before it asks the producer's
@@ -143,11 +143,7 @@ class EventPublisher:
         # The partition is picked here, as the producer's default partitioner would, from the
         # hashes and partition lists kept below: its own pass re-hashes the key in pure Python and
         # builds two sets of the topic's partitions on every send.
-        cached = self._partitions.get(name)
-        if cached is None or cached[0] <= time.monotonic():
-            partitions = await self._partitions_of(name)
-        else:
-            partitions = cached[1]
+        partitions = self._fresh_partitions(name) or await self._partitions_of(name)
         partition = partitions[self._key_hash(record_key) % len(partitions)]
         future: asyncio.Future[object] = await self._require_producer().send(
             name, value=payload, key=record_key, partition=partition, headers=record_headers
@@ -176,13 +172,16 @@ class EventPublisher:
     async def _partitions_of(self, name: str) -> list[int]:
         """Topic `name`'s partitions in the order the default partitioner indexes them, as the
         producer's metadata said at most `_PARTITIONS_TTL_S` ago (waiting for it if need be)."""
-        cached = self._partitions.get(name)
-        now = time.monotonic()
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        partitions = list(await self._require_producer().partitions_for(name))
-        self._partitions[name] = (now + _PARTITIONS_TTL_S, partitions)
+        partitions = self._fresh_partitions(name)
+        if partitions is None:
+            partitions = list(await self._require_producer().partitions_for(name))
+            self._partitions[name] = (time.monotonic() + _PARTITIONS_TTL_S, partitions)
         return partitions
+
+    def _fresh_partitions(self, name: str) -> list[int] | None:
+        """Topic `name`'s partitions if the publisher's copy still holds, else None."""
+        cached = self._partitions.get(name)
+        return cached[1] if cached is not None and cached[0] > time.monotonic() else None
 
     def _key_hash(self, key: bytes) -> int:
         """The default partitioner's hash of `key` (murmur2, positive): its partition is this modulo the
@@ -568,14 +567,14 @@ class EventConsumer:
         verdict: Applied | DeadLetter = _APPLIED
         with tracing.consumer_span(record.topic, headers) as span:
             delivery = Delivery(
-                event,
-                record.topic,
-                record.partition,
-                record.offset,
-                record.key,
-                headers,
-                record.timestamp,
-                tracing.trace_id_of(span),
+                event=event,
+                topic=record.topic,
+                partition=record.partition,
+                offset=record.offset,
+                key=record.key,
+                headers=headers,
+                timestamp_ms=record.timestamp,
+                trace_id=tracing.trace_id_of(span),
             )
             started = time.perf_counter()
             try:

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import abc
 import bisect
 import functools
 import json
 import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TYPE_CHECKING, Generic, TypeVar, overload
 
 from aiohttp import web
 from prometheus_client import (
@@ -58,34 +59,49 @@ class FastHistogramChild:
         self.sum += value
 
 
-class _Fast(Collector):
+_Child = TypeVar("_Child", FastCounter, FastHistogramChild)
+
+
+class _Fast(Collector, Generic[_Child]):
     """A metric for per-event paths: plain numbers per label set, turned into samples when scraped.
     prometheus_client's own `inc` and `observe` take a lock and check the metric on every call:
     about 1 us of a consumer's ~10 us per record. The services update them from their event loop's
     thread only; a scrape from another thread reads numbers at most one update old."""
 
     def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry = REGISTRY
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        new_child: Callable[[], _Child],
+        registry: CollectorRegistry,
     ) -> None:
         self._name = name
         self._documentation = documentation
         self._labelnames = list(labelnames)
-        self._children: dict[tuple[str, ...], FastCounter | FastHistogramChild] = {}
+        self._new_child: Callable[[], _Child] = new_child
+        self._children: dict[tuple[str, ...], _Child] = {}
         registry.register(self)
+
+    def labels(self, *labelvalues: str) -> _Child:
+        child = self._children.get(labelvalues)
+        if child is None:
+            child = self._children[labelvalues] = self._new_child()
+        return child
 
     def describe(self) -> Iterable[Metric]:
         return [self._family()]
 
+    @abc.abstractmethod
     def _family(self) -> Metric:
-        raise NotImplementedError
+        """The metric family, without samples."""
 
 
-class FastCounters(_Fast):
-    def labels(self, *labelvalues: str) -> FastCounter:
-        child = self._children.get(labelvalues)
-        if child is None:
-            child = self._children[labelvalues] = FastCounter()
-        return child  # type: ignore[return-value]
+class FastCounters(_Fast[FastCounter]):
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry = REGISTRY
+    ) -> None:
+        super().__init__(name, documentation, labelnames, FastCounter, registry)
 
     def _family(self) -> CounterMetricFamily:
         return CounterMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -93,11 +109,11 @@ class FastCounters(_Fast):
     def collect(self) -> Iterable[Metric]:
         family = self._family()
         for labelvalues, child in list(self._children.items()):
-            family.add_metric(list(labelvalues), child.value)  # type: ignore[union-attr]
+            family.add_metric(list(labelvalues), child.value)
         return [family]
 
 
-class FastHistogram(_Fast):
+class FastHistogram(_Fast[FastHistogramChild]):
     def __init__(
         self,
         name: str,
@@ -106,14 +122,15 @@ class FastHistogram(_Fast):
         buckets: Sequence[float],
         registry: CollectorRegistry = REGISTRY,
     ) -> None:
-        super().__init__(name, documentation, labelnames, registry)
-        self._bounds = tuple(sorted(float(b) for b in buckets if not math.isinf(b)))
-
-    def labels(self, *labelvalues: str) -> FastHistogramChild:
-        child = self._children.get(labelvalues)
-        if child is None:
-            child = self._children[labelvalues] = FastHistogramChild(self._bounds)
-        return child  # type: ignore[return-value]
+        bounds = tuple(sorted(float(b) for b in buckets if not math.isinf(b)))
+        self._bounds = bounds
+        super().__init__(
+            name,
+            documentation,
+            labelnames,
+            functools.partial(FastHistogramChild, bounds),
+            registry,
+        )
 
     def _family(self) -> HistogramMetricFamily:
         return HistogramMetricFamily(self._name, self._documentation, labels=self._labelnames)
@@ -122,7 +139,7 @@ class FastHistogram(_Fast):
         family = self._family()
         bounds = [*(str(b) for b in self._bounds), "+Inf"]
         for labelvalues, child in list(self._children.items()):
-            counts, total = list(child.counts), child.sum  # type: ignore[union-attr]
+            counts, total = list(child.counts), child.sum
             cumulative, buckets = 0, []
             for bound, count in zip(bounds, counts, strict=True):
                 cumulative += count

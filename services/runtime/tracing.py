@@ -149,25 +149,32 @@ def publish_headers(topic: str, headers: Sequence[tuple[str, bytes]] = ()) -> li
         current = otel_context.get_current()
         if not current:
             # Nothing in the context (no span, no baggage): a root span.
-            traceparent = _traceparent_of(ids.generate_trace_id(), ids.is_trace_id_random(), ids)
-            return [*headers, ("traceparent", traceparent)]
+            return [*headers, ("traceparent", _traceparent_of(_NO_TRACE, False, ids))]
         span = trace.get_current_span(current)
         if type(span) is _UnsampledSpan and len(current) == 1:
             # A handler's own publish: its record's trace, nothing else in the context.
             return [*headers, ("traceparent", _traceparent_of(span.trace, span.random_id, ids))]
         parent = span.get_span_context()
         if not parent.trace_flags.sampled and not parent.trace_state and not baggage.get_all(current):
-            if parent.is_valid:
-                traceparent = _traceparent_of(parent.trace_id, parent.trace_flags.random_trace_id, ids)
-            else:
-                traceparent = _traceparent_of(ids.generate_trace_id(), ids.is_trace_id_random(), ids)
+            trace_id = parent.trace_id if parent.is_valid else _NO_TRACE
+            traceparent = _traceparent_of(trace_id, parent.trace_flags.random_trace_id, ids)
             return [*headers, ("traceparent", traceparent)]
     with producer_span(topic):
         return inject_headers(list(headers))
 
 
+def _trace_or_new(trace_id: int, random_id: bool, ids: IdGenerator) -> tuple[int, bool]:
+    """(trace id, whether it is random) of an unsampled span in trace `trace_id`, or in a new trace
+    when that is `_NO_TRACE`, as the SDK's ParentBased(ALWAYS_OFF) sampler leaves it."""
+    if trace_id == _NO_TRACE:
+        return ids.generate_trace_id(), ids.is_trace_id_random()
+    return trace_id, random_id
+
+
 def _traceparent_of(trace_id: int, random_id: bool, ids: IdGenerator) -> bytes:
-    """`traceparent` of an unsampled span in trace `trace_id` under a new span id."""
+    """`traceparent` of an unsampled span in trace `trace_id` (`_NO_TRACE`: a new one) under a new
+    span id."""
+    trace_id, random_id = _trace_or_new(trace_id, random_id, ids)
     return b"00-%032x-%016x-%s" % (trace_id, ids.generate_span_id(), b"02" if random_id else b"00")
 
 
@@ -177,10 +184,7 @@ class _UnsampledSpan(NonRecordingSpan):
     `SpanContext` up front cost more than the rest of the span."""
 
     def __init__(self, trace_id: int, random_id: bool, ids: IdGenerator) -> None:
-        if trace_id == _NO_TRACE:
-            trace_id, random_id = ids.generate_trace_id(), ids.is_trace_id_random()
-        self.trace = trace_id
-        self.random_id = random_id
+        self.trace, self.random_id = _trace_or_new(trace_id, random_id, ids)
         self._ids = ids
         self._context: SpanContext | None = None  # type: ignore[assignment]
         self._token: object = None
