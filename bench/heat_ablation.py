@@ -2,7 +2,8 @@
 
 Variants of `HeatPolicy`, replayed by `bench.policies` on every trace in ../shared/data/traces at its
 three capacities: `model` (scorer="model": the MLP scores everything once trained, prefix chains
-too), `auto` (as shipped: the MLP, except that prefix chains stay on the fixed prior), `prior`
+too), `auto` (as shipped: the MLP, except that prefix chains stay on the LRFU prior plus the learned
+re-use term `chains.ChainReuse`), `auto -chain-reuse` (the same without that term), `prior`
 (scorer="prior": no model at all), and `-GROUP` (scorer="model" with one group of
 `features.FEATURE_GROUPS` zeroed in what the model reads and learns from). LRU, ARC and the best of
 `bench.policies.BASELINES` are printed alongside. The verdict says, per trace family (prefix or
@@ -32,6 +33,7 @@ VARIANTS: dict[str, dict[str, object]] = {
     "model": {"scorer": "model"},
     "auto": {"scorer": "auto"},
     "prior": {"scorer": "prior"},
+    "auto -chain-reuse": {"scorer": "auto", "chain_reuse": False},
     **{f"-{g}": {"scorer": "model", "ablate": [g]} for g in FEATURE_GROUPS},
 }
 REFERENCE = ["lru", "arc"]

@@ -27,8 +27,12 @@ Seed §1.2, DESIGN §1/§3. How a miss is decided:
 5. Prefix chains (`AccessMeta.parent` set, e.g. KV blocks): the first such block retires the panel
    (its experts know no chains). Leaves go before roots, as in a radix tree; an orphan block is never
    admitted; the victim is the leaf with the least combined recency-frequency (`chains.py`, LRFU,
-   half-life `chain_half_life` (3) capacities of accesses, kept for evicted blocks too). With
-   `scorer="auto"` chains stay on the prior, where the MLP lost on the Mooncake trace.
+   half-life `chain_half_life` (3) capacities of accesses, kept for evicted blocks too) times the
+   learned probability that the block is re-used within 3 capacities given whether it was ever
+   extended (`chains.ChainReuse`, learned online from sampled accesses; `chain_reuse=False` or
+   `scorer="prior"` drops it): a request's last block, which no later request extends, goes first
+   once the traffic shows it is rarely re-used. On Mooncake this term adds +0.76 / +0.45 / +0.20 pt
+   at 5k / 10k / 20k blocks (bench/heat_ablation.py). The MLP does not order chains: it lost there.
 6. Context lifecycle: entries bound to an ended trace_id are evicted (or, lazily, go first); TTLs
    expire entries the same way.
 Sizes are honoured (capacity in size units); the experts count entries, so with mixed sizes the
@@ -47,7 +51,7 @@ import numpy as np
 from policies.adaptive.wtinylfu import WTinyLFU
 from policies.admission.sketch import FrequencySketch
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
-from policies.learned.chains import LeafQueue
+from policies.learned.chains import ChainReuse, LeafQueue
 from policies.learned.features import N_FEATURES, EntryTable, keep_mask, view
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
@@ -90,6 +94,8 @@ class HeatPolicy(MeshSignals, Policy):
         shadow_min: int = MIN_MINIATURE,
         rescore_accesses: int | None = None,
         ablate: Sequence[str] = (),
+        chain_reuse: bool = True,
+        chain_reuse_weight: float = 1.0,
     ) -> None:
         super().__init__(capacity)
         self.rescore_ms = rescore_ms
@@ -140,7 +146,15 @@ class HeatPolicy(MeshSignals, Policy):
         self.crf = np.zeros(slots, dtype=np.float64)  # combined recency-frequency at the last access
         # ... and memoryviews of them for one slot at a time (see `EntryTable.v`)
         self._raw_v, self._eff_v, self._crf_v = view(self.raw), view(self.eff), view(self.crf)
-        self._leaves = LeafQueue(self.table, self.crf, self._lambda, capacity)
+        # The learned re-use term of the chain priority (`chains.ChainReuse`); off with scorer="prior"
+        # or chain_reuse=False.
+        self.chain_reuse = (
+            ChainReuse(3 * capacity, weight=chain_reuse_weight) if chain_reuse and scorer != "prior" else None
+        )
+        self.extended = np.zeros(slots, dtype=bool)  # the block was ever a prefix parent
+        self._leaves = LeafQueue(
+            self.table, self.crf, self._lambda, capacity, reuse=self.chain_reuse, extended=self.extended
+        )
         self._slot: dict[Hashable, int] = {}
         self._keys: list[Hashable | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
@@ -193,8 +207,13 @@ class HeatPolicy(MeshSignals, Policy):
         crf[s] = 1.0 + crf[s] * 2.0 ** (-self._lambda * (tick - last))
         v.last_tick[s] = tick
         v.hits[s] += 1
-        if self._prefix_mode and v.children[s] == 0:
-            self._leaves.push(s)
+        if self._prefix_mode:
+            if self.chain_reuse is not None:
+                self.chain_reuse.heard(key, tick)
+                if meta is not None and meta.parent is not None:
+                    self.chain_reuse.extended(meta.parent)
+            if v.children[s] == 0:
+                self._leaves.push(s)
         v.freq[s] = self.sketch.frequency(key)
         v.freq_epoch[s] = self.sketch.resets
         if meta is not None:
@@ -220,6 +239,8 @@ class HeatPolicy(MeshSignals, Policy):
                 return [Eviction(key, "rejected")]  # an orphan block can never be hit
             if not self._prefix_mode:
                 self._enter_prefix_mode()
+        if self._prefix_mode and self.chain_reuse is not None:
+            self.chain_reuse.heard(key, self._tick)
         bypassed = self.panel is not None and not self.panel.holds(key)
         if bypassed and self._used + size > self.capacity:
             return [Eviction(key, "rejected")]  # the leader bypassed it: so does the cache
@@ -519,6 +540,9 @@ class HeatPolicy(MeshSignals, Policy):
             v.parent[s] = parent
             v.depth[s] = v.depth[parent] + 1
             v.children[parent] += 1
+            self.extended[parent] = True
+            if self.chain_reuse is not None:
+                self.chain_reuse.extended(self._keys[parent])
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         attention = self._pending_attention.pop(key, None)
@@ -562,6 +586,7 @@ class HeatPolicy(MeshSignals, Policy):
             # Removed from outside (delete / invalidation): its children lose their parent link.
             t.parent[np.nonzero(t.used & (t.parent == s))[0]] = -1
         t.reset_slot(s)
+        self.extended[s] = False
         self._raw_v[s] = self._eff_v[s] = 0.0
         self._crf_v[s] = 0.0
         self._free.append(s)
