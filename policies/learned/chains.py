@@ -100,11 +100,13 @@ class ChainReuse:
     that gets a child before its label is due (`extended`: the child arrives right after it) is
     labelled as extended. Counts start from a uniform prior (1 of 2) and halve every `halve_every`
     accesses (3 horizons), so the model follows a shift in the traffic. `bonus` is weight * log2 P.
+    Watching 1 access in 8, 16, 32 or 64 gave the same Mooncake hit rates within 0.06 pt; 32 keeps
+    the pending labels to ~3% of the resident entries.
     (Hits while resident as a second bucket dimension lost 0.4-1.0 pt on Mooncake: CRF already
     counts them.)
     """
 
-    def __init__(self, horizon: int, *, weight: float = 1.0, sample: int = 8, halve_every: int = 0) -> None:
+    def __init__(self, horizon: int, *, weight: float = 1.0, sample: int = 32, halve_every: int = 0) -> None:
         self.horizon = horizon
         self.weight = weight
         self.sample = sample
@@ -112,7 +114,8 @@ class ChainReuse:
         self.yes = [0.0, 0.0]  # by extended (0/1)
         self.seen = [0.0, 0.0]
         self._bonus = [0.0, 0.0]
-        self._pending: dict[Hashable, list[int]] = {}  # key -> [tick, extended since]
+        # key -> 2 * tick watched + (extended since): one int per pending label keeps the state small
+        self._pending: dict[Hashable, int] = {}
         self._order: deque[tuple[int, Hashable]] = deque()
         self._refresh(0)
         self._refresh(1)
@@ -129,7 +132,7 @@ class ChainReuse:
     def probability(self, extended: bool) -> float:
         return (self.yes[extended] + 1.0) / (self.seen[extended] + 2.0)
 
-    def _label(self, b: int, reused: bool) -> None:
+    def _label(self, b: int, reused: bool | int) -> None:
         self.seen[b] += 1.0
         self.yes[b] += reused
         self._refresh(b)
@@ -138,7 +141,7 @@ class ChainReuse:
         """A block named `key` as its parent."""
         sample = self._pending.get(key)
         if sample is not None:
-            sample[1] = 1
+            self._pending[key] = sample | 1
 
     def heard(self, key: Hashable, tick: int) -> None:
         """`key` was accessed at `tick`: settle its pending label, maybe watch this access, and settle
@@ -146,16 +149,16 @@ class ChainReuse:
         pending = self._pending
         sample = pending.pop(key, None)
         if sample is not None:
-            self._label(sample[1], tick - sample[0] <= self.horizon)
+            self._label(sample & 1, tick - (sample >> 1) <= self.horizon)
         order = self._order
         while order and tick - order[0][0] > self.horizon:
             started, old = order.popleft()
             sample = pending.get(old)
-            if sample is not None and sample[0] == started:
+            if sample is not None and sample >> 1 == started:
                 del pending[old]
-                self._label(sample[1], False)
+                self._label(sample & 1, False)
         if tick % self.sample == 0:
-            pending[key] = [tick, 0]
+            pending[key] = 2 * tick
             order.append((tick, key))
         if tick % self.halve_every == 0:
             self.yes = [y / 2 for y in self.yes]
