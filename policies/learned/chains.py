@@ -113,6 +113,7 @@ class ChainReuse:
         self.halve_every = halve_every or 3 * horizon
         self.yes = [0.0, 0.0]  # by extended (0/1)
         self.seen = [0.0, 0.0]
+        self.labels = 0  # labels learned from in all (not halved): says when there is news to save
         self._bonus = [0.0, 0.0]
         # key -> 2 * tick watched + (extended since): one int per pending label keeps the state small
         self._pending: dict[Hashable, int] = {}
@@ -133,6 +134,7 @@ class ChainReuse:
         return (self.yes[extended] + 1.0) / (self.seen[extended] + 2.0)
 
     def _label(self, b: int, reused: bool | int) -> None:
+        self.labels += 1
         self.seen[b] += 1.0
         self.yes[b] += reused
         self._refresh(b)
@@ -165,3 +167,19 @@ class ChainReuse:
             self.seen = [n / 2 for n in self.seen]
             self._refresh(0)
             self._refresh(1)
+
+    def to_dict(self) -> dict[str, list[float] | int]:
+        """What was learned (the pending labels are not kept: they are re-learned within a horizon)."""
+        return {"yes": list(self.yes), "seen": list(self.seen), "labels": self.labels}
+
+    def load(self, data: dict[str, list[float] | int]) -> None:
+        yes, seen, labels = data["yes"], data["seen"], data["labels"]
+        if not isinstance(yes, list) or not isinstance(seen, list) or len(yes) != 2 or len(seen) != 2:
+            raise ValueError("chain re-use counts must be two lists of two numbers")
+        if not isinstance(labels, int):
+            raise ValueError("chain re-use labels must be a count")
+        if any(not 0.0 <= float(y) <= float(n) for y, n in zip(yes, seen, strict=True)):
+            raise ValueError("chain re-use counts must satisfy 0 <= yes <= seen")
+        self.yes, self.seen, self.labels = [float(y) for y in yes], [float(n) for n in seen], int(labels)
+        self._refresh(0)
+        self._refresh(1)

@@ -1,5 +1,7 @@
-"""The heat model as bytes and back: weights, optimiser state and training counters, so a restarted
-heat service keeps what it learned. Pure: the Postgres adapter stores the bytes."""
+"""The heat model as bytes and back: weights, optimiser state and training counters, and the prefix
+chains' learned re-use counts (`chains.ChainReuse`), so a restarted heat service keeps what it learned.
+Pure: the Postgres adapter stores the bytes. A checkpoint without chain counts (written before they
+existed) restores the MLP and leaves the chain model as it is."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from policies.learned.chains import ChainReuse
 from policies.learned.scorer import HeatScorer
 
 FORMAT = 1
@@ -20,8 +23,8 @@ class Checkpoint:
     labels_seen: int
 
 
-def dump_scorer(scorer: HeatScorer) -> Checkpoint:
-    state = {
+def dump_scorer(scorer: HeatScorer, chain: ChainReuse | None = None) -> Checkpoint:
+    state: dict[str, object] = {
         "format": FORMAT,
         "n_features": scorer.n_features,
         "model": scorer.model.state_dict(),
@@ -29,19 +32,25 @@ def dump_scorer(scorer: HeatScorer) -> Checkpoint:
         "steps": scorer.steps,
         "labels_seen": scorer.labels_seen,
     }
+    if chain is not None:
+        state["chain_reuse"] = chain.to_dict()
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return Checkpoint(buffer.getvalue(), scorer.steps, scorer.labels_seen)
 
 
-def load_scorer(scorer: HeatScorer, blob: bytes) -> None:
-    """Restores `scorer` in place. Refuses a checkpoint of another shape rather than half-loading it."""
+def load_scorer(scorer: HeatScorer, blob: bytes, chain: ChainReuse | None = None) -> None:
+    """Restores `scorer` (and `chain`, where the checkpoint has its counts) in place. Refuses a
+    checkpoint of another shape rather than half-loading it."""
     state = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True)
     if state.get("format") != FORMAT or state.get("n_features") != scorer.n_features:
         raise ValueError(
             f"checkpoint format {state.get('format')} / {state.get('n_features')} features does not fit "
             f"this model (format {FORMAT} / {scorer.n_features} features)"
         )
+    counts = state.get("chain_reuse")
+    if chain is not None and counts is not None:
+        chain.load(counts)  # checked before the MLP is touched: a bad checkpoint changes nothing
     scorer.model.load_state_dict(state["model"])
     scorer.optimizer.load_state_dict(state["optimizer"])
     scorer.steps = int(state["steps"])

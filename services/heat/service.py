@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 DECISIONS = Counter("cachemesh_heat_decisions_total", "heat.scores.v1 decisions published", ["decision"])
 TRACKED = Gauge("cachemesh_heat_tracked_entries", "Entries the heat policy tracks")
 MODEL_STEPS = Gauge("cachemesh_heat_model_steps", "Training steps the heat model has taken")
+CHAIN_REUSE = Gauge(
+    "cachemesh_heat_chain_reuse_probability",
+    "Learned P(a prefix block is re-used within 3 capacities), by whether the block was ever extended",
+    ["extended"],
+)
 
 
 class HeatService(Service):
@@ -63,7 +68,7 @@ class HeatService(Service):
         if settings.instance is not None:
             self.engine.foreign_parent = self._foreign_parent
         # (steps, labels seen) of the model as last saved or restored; a fresh model has nothing to save
-        self._saved: tuple[int, int] = (0, 0)
+        self._saved: tuple[int, int, int] = (0, 0, 0)
 
     async def open(self, stack: AsyncExitStack) -> None:
         db = await self.open_database(stack)
@@ -161,6 +166,10 @@ class HeatService(Service):
                 DECISIONS.labels(decision.decision).inc()
             TRACKED.set(len(self.engine.policy))
             MODEL_STEPS.set(self.engine.policy.scorer.steps)
+            chain = self.engine.policy.chain_reuse
+            if chain is not None:
+                CHAIN_REUSE.labels("false").set(chain.probability(False))
+                CHAIN_REUSE.labels("true").set(chain.probability(True))
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _checkpoint_loop(self) -> None:
@@ -172,21 +181,27 @@ class HeatService(Service):
     def model_changed(self) -> bool:
         """The model has trained since it was last saved or restored (an idle service has nothing new
         to write every interval)."""
-        scorer = self.engine.policy.scorer
-        return (scorer.steps, scorer.labels_seen) != self._saved
+        return self._learned() != self._saved
+
+    def _learned(self) -> tuple[int, int, int]:
+        """How much the model and the chain re-use counts have learned (a checkpoint's identity)."""
+        policy = self.engine.policy
+        chain = policy.chain_reuse.labels if policy.chain_reuse is not None else 0
+        return policy.scorer.steps, policy.scorer.labels_seen, chain
 
     async def checkpoint(self) -> None:
         if self._store is None:
             return
         async with self._lock:
-            saved = dump_scorer(self.engine.policy.scorer)
+            learned = self._learned()
+            saved = dump_scorer(self.engine.policy.scorer, self.engine.policy.chain_reuse)
         self.model_version = await self._store.save(
             self.heat_settings.checkpoint_name,
             saved.blob,
             params={"capacity": self.heat_settings.capacity, "seed": self.heat_settings.seed},
             metrics={"steps": saved.steps, "labels_seen": saved.labels_seen},
         )
-        self._saved = (saved.steps, saved.labels_seen)
+        self._saved = learned
         log.info("model checkpointed", extra={"version": self.model_version, "steps": saved.steps})
 
     async def _restore(self) -> None:
@@ -204,12 +219,12 @@ class HeatService(Service):
             log.info("no model checkpoint yet; starting fresh")
             return
         try:
-            load_scorer(self.engine.policy.scorer, blob)
+            load_scorer(self.engine.policy.scorer, blob, self.engine.policy.chain_reuse)
         except ValueError as exc:
             log.warning(
                 "ignoring an incompatible model checkpoint", extra={"version": version, "error": str(exc)}
             )
             return
         self.model_version = version
-        self._saved = (self.engine.policy.scorer.steps, self.engine.policy.scorer.labels_seen)
+        self._saved = self._learned()
         log.info("model restored", extra={"version": version, "steps": self.engine.policy.scorer.steps})

@@ -4,6 +4,7 @@ scores into decisions, and only changes are published."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from policies.learned.features import N_FEATURES
 from policies.learned.heat import HeatPolicy
@@ -82,6 +83,32 @@ def test_a_checkpoint_restores_the_same_model() -> None:
     load_scorer(fresh, dump_scorer(trained).blob)
     assert fresh.steps == trained.steps == 5 and fresh.labels_seen == trained.labels_seen == 300
     assert np.array_equal(fresh.score(x), trained.score(x))
+
+
+def test_a_checkpoint_restores_the_chain_re_use_counts() -> None:
+    trained = HeatPolicy(64, seed=1)
+    assert trained.chain_reuse is not None
+    for tick in range(1, 5_000):
+        trained.chain_reuse.heard(f"tail{tick}", tick)  # never back: P(re-used | not extended) falls
+    fresh = HeatPolicy(64, seed=2)
+    assert fresh.chain_reuse is not None and fresh.chain_reuse.probability(False) == 0.5
+    load_scorer(fresh.scorer, dump_scorer(trained.scorer, trained.chain_reuse).blob, fresh.chain_reuse)
+    assert fresh.chain_reuse.to_dict() == trained.chain_reuse.to_dict()
+    assert fresh.chain_reuse.probability(False) < 0.1
+    # A checkpoint written without chain counts restores the MLP and leaves the chain model alone.
+    before = HeatPolicy(64, seed=3)
+    load_scorer(before.scorer, dump_scorer(trained.scorer).blob, before.chain_reuse)
+    assert before.chain_reuse is not None and before.chain_reuse.labels == 0
+
+
+def test_a_checkpoint_with_impossible_chain_counts_is_refused_whole() -> None:
+    trained = HeatPolicy(64, seed=1)
+    assert trained.chain_reuse is not None
+    trained.chain_reuse.yes = [5.0, 0.0]  # more re-used than seen
+    fresh = HeatPolicy(64, seed=2)
+    with pytest.raises(ValueError, match="yes <= seen"):
+        load_scorer(fresh.scorer, dump_scorer(trained.scorer, trained.chain_reuse).blob, fresh.chain_reuse)
+    assert fresh.scorer.steps == 0 and fresh.chain_reuse is not None and fresh.chain_reuse.labels == 0
 
 
 def _chain(n: int, t0: int = 100) -> list[KvBlockStored]:

@@ -34,3 +34,15 @@ async def test_an_idle_model_is_not_checkpointed_again() -> None:
     assert not service.model_changed(), "saved: nothing new until it trains again"
     scorer.labels_seen += 1
     assert service.model_changed()
+
+
+async def test_chain_re_use_labels_count_as_news_to_save() -> None:
+    service = HeatService(HeatSettings(capacity=16))
+    service._store = MemoryModelStore()  # type: ignore[assignment]
+    chain = service.engine.policy.chain_reuse
+    assert chain is not None
+    chain.heard("b", 32)  # watched (1 in 32) ...
+    chain.heard("b", 40)  # ... and back within the horizon: one label
+    assert chain.labels == 1 and service.model_changed()
+    await service.checkpoint()
+    assert not service.model_changed()
