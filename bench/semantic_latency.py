@@ -11,7 +11,7 @@ lookups of texts it has not seen (so the embedder's cache does not answer them):
 Texts come from the semantic benchmark's prompts (../shared/data/semantic and fow-cache) in a few
 phrasings, each sent once. `--profile` runs the node under cProfile and writes the top functions.
 
-    .venv/bin/python -m bench.semantic_latency [--embedder onnx] [--screen onnx-int8] [--lanes 2]
+    .venv/bin/python -m bench.semantic_latency [--embedder onnx-int8|onnx] [--screen onnx-int8] [--lanes 2]
         [--rate 200] [--seconds 20] [--profile]
 
 `--lanes` / `--max-call-texts` set the node's CACHEMESH_TIERS_EMBEDDER_LANES / _MAX_CALL_TEXTS.
@@ -427,7 +427,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--embedder", default="onnx", choices=("torch", "onnx", "onnx-int8"))
+    parser.add_argument("--embedder", default="onnx-int8", choices=("torch", "onnx", "onnx-int8"))
     parser.add_argument(
         "--screen", default="none", choices=("none", "onnx-int8"), help="the node's EMBEDDER_SCREEN"
     )

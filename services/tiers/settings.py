@@ -159,9 +159,11 @@ class TiersSettings(ServiceSettings):
     # Concurrent text lookups share a model call of at most this many texts (the oldest waiting first).
     # 32: calls of at most 8 gave 26-38% fewer text lookups/s at 32 clients (bench/semantic_latency.py).
     embedder_max_call_texts: Annotated[int, Field(gt=0, le=1024)] = 32
-    # torch | onnx (the same weights on onnxruntime; bench/embedders.py) | onnx-int8 (2x faster than onnx,
-    # but similarities 0.007 lower near 0.92: fewer paraphrase hits at the same thresholds).
-    embedder: Literal["torch", "onnx", "onnx-int8"] = "onnx"
+    # onnx-int8 (default: the ONNX export quantised, 2x faster than onnx; similarities ~0.008 lower near
+    # 0.92, so a threshold admits fewer paraphrases and fewer wrong answers than under fp32) | onnx (the
+    # fp32 weights on onnxruntime; bench/embedders.py) | torch. At 200 text lookups/s on 2 cores int8
+    # answers at p50 4.5 / p99 12-14.5 ms, fp32 at 11 / 49 ms (bench/semantic_latency.py).
+    embedder: Literal["torch", "onnx", "onnx-int8"] = "onnx-int8"
     # A cheaper model that embeds text lookups first (services/tiers/node/refine.py): its vector searches
     # and decides where its error cannot change the verdict; a candidate within `embedder_screen_band`
     # of its threshold is re-scored with `embedder`'s vector of the text. "none": `embedder` alone.
@@ -176,6 +178,11 @@ class TiersSettings(ServiceSettings):
             raise ValueError("degrade_exit_at must be at least degrade_enter_below (the hysteresis)")
         if self.embedder_screen_band_max < self.embedder_screen_band:
             raise ValueError("embedder_screen_band_max must be at least embedder_screen_band")
+        if self.embedder_screen == self.embedder:
+            raise ValueError(
+                "embedder_screen must be a cheaper model than embedder (set embedder=onnx to screen with "
+                "onnx-int8), or none"
+            )
         return self
 
     @field_validator("l2_peers", mode="before")

