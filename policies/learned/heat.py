@@ -31,7 +31,7 @@ Seed §1.2, DESIGN §1/§3. How a miss is decided:
    learned probability that the block is re-used within 3 capacities given whether it was ever
    extended (`chains.ChainReuse`, learned online from sampled accesses; `chain_reuse=False` or
    `scorer="prior"` drops it): a request's last block, which no later request extends, goes first
-   once the traffic shows it is rarely re-used. On Mooncake this term adds +0.76 / +0.45 / +0.20 pt
+   once the traffic shows it is rarely re-used. On Mooncake this term adds +0.75 / +0.46 / +0.20 pt
    at 5k / 10k / 20k blocks (bench/heat_ablation.py). The MLP does not order chains: it lost there.
 6. Context lifecycle: entries bound to an ended trace_id are evicted (or, lazily, go first); TTLs
    expire entries the same way.
