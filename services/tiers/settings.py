@@ -162,7 +162,7 @@ class TiersSettings(ServiceSettings):
     # onnx-int8 (default: the ONNX export quantised, 2x faster than onnx; similarities ~0.008 lower near
     # 0.92, so a threshold admits fewer paraphrases and fewer wrong answers than under fp32) | onnx (the
     # fp32 weights on onnxruntime; bench/embedders.py) | torch. At 200 text lookups/s on 2 cores int8
-    # answers at p50 4.5 / p99 12-14.5 ms, fp32 at 11 / 49 ms (bench/semantic_latency.py).
+    # answers at p50 4.5-4.6 / p99 13.3-15.6 ms, fp32 at 11 / 49 ms (bench/semantic_latency.py).
     embedder: Literal["torch", "onnx", "onnx-int8"] = "onnx-int8"
     # A cheaper model that embeds text lookups first (services/tiers/node/refine.py): its vector searches
     # and decides where its error cannot change the verdict; a candidate within `embedder_screen_band`

@@ -6,8 +6,10 @@ the same vectors as torch (cosine 1.00000) at 0.4x its time for one text and 0.5
 (bench/embedders.py). int8 takes about half of onnx's time again (one text, batches of 8 and 32) at
 cosine 0.994 to its vectors (0.975 at worst), and lowers pair similarities near the threshold by
 0.007-0.008 (true paraphrases and traps alike), so 0.92 under int8 admits what about 0.928 does under
-fp32: 3.6-4 points fewer paraphrase hits and fewer wrong answers at 0.92 + guards. It is the default
-because only it meets the text-lookup latency target at 200/s on 2 cores (bench/semantic_latency.py).
+fp32: fewer paraphrase hits and fewer wrong answers at 0.92 + guards. It is the default because it is
+the backend that meets the text-lookup latency target at 200/s on 2 cores (bench/semantic_latency.py).
+Each text runs on its own in the int8 graph (`OnnxSentenceEncoder.one_per_run`), so its vector does not
+depend on what else is being embedded.
 Entries written with one and looked up with the other match a little differently. A backend that
 cannot load falls back (onnx-int8 -> onnx -> torch), logged.
 
@@ -94,7 +96,9 @@ def _onnx_encoder(threads: int, int8: bool) -> Encode:
     from services.tiers.edge.onnx_embedder import OnnxSentenceEncoder, ensure_model
 
     where = Path(model_path())
-    encoder = OnnxSentenceEncoder(ensure_model(where, int8=int8), where / "tokenizer.json", threads=threads)
+    encoder = OnnxSentenceEncoder(
+        ensure_model(where, int8=int8), where / "tokenizer.json", threads=threads, one_per_run=int8
+    )
     return encoder.encode
 
 

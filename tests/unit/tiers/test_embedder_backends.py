@@ -56,6 +56,16 @@ def int8_rows(cache_root: Path) -> np.ndarray:
     return rows
 
 
+def test_a_text_embeds_the_same_alone_or_with_others(int8_rows: np.ndarray, onnx_rows: np.ndarray) -> None:
+    # int8 quantises activations by the whole run's range, so each text gets a run of its own; fp32 rows
+    # do not depend on their batch anyway (to float rounding).
+    int8 = Embedder(backend="onnx-int8")
+    fp32 = Embedder(backend="onnx")
+    for i, text in enumerate(TEXTS):
+        assert np.array_equal(int8.embed_blocking([text])[0], int8_rows[i]), text
+        assert float(fp32.embed_blocking([text])[0] @ onnx_rows[i]) >= 0.99999, text
+
+
 def test_onnx_rows_have_the_shape_and_unit_norm(onnx_rows: np.ndarray) -> None:
     assert onnx_rows.shape == (len(TEXTS), DIM) and onnx_rows.dtype == np.float32
     assert np.allclose(np.linalg.norm(onnx_rows, axis=1), 1.0, atol=1e-5)
