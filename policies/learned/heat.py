@@ -208,10 +208,7 @@ class HeatPolicy(MeshSignals, Policy):
         v.last_tick[s] = tick
         v.hits[s] += 1
         if self._prefix_mode:
-            if self.chain_reuse is not None:
-                self.chain_reuse.heard(key, tick)
-                if meta is not None and meta.parent is not None:
-                    self.chain_reuse.extended(meta.parent)
+            self._hear_chain(key, meta)
             if v.children[s] == 0:
                 self._leaves.push(s)
         v.freq[s] = self.sketch.frequency(key)
@@ -239,8 +236,8 @@ class HeatPolicy(MeshSignals, Policy):
                 return [Eviction(key, "rejected")]  # an orphan block can never be hit
             if not self._prefix_mode:
                 self._enter_prefix_mode()
-        if self._prefix_mode and self.chain_reuse is not None:
-            self.chain_reuse.heard(key, self._tick)
+        if self._prefix_mode:
+            self._hear_chain(key, meta)
         bypassed = self.panel is not None and not self.panel.holds(key)
         if bypassed and self._used + size > self.capacity:
             return [Eviction(key, "rejected")]  # the leader bypassed it: so does the cache
@@ -261,6 +258,13 @@ class HeatPolicy(MeshSignals, Policy):
         if self._prefix_mode:
             self._leaves.push(s)
         return evicted
+
+    def _hear_chain(self, key: Hashable, meta: AccessMeta | None) -> None:
+        """The chain re-use model hears a block's access, and that its parent was extended."""
+        if self.chain_reuse is not None:
+            self.chain_reuse.heard(key, self._tick)
+            if meta is not None and meta.parent is not None:
+                self.chain_reuse.extended(meta.parent)
 
     def on_remove(self, key: Hashable) -> None:
         s = self._slot.get(key)
@@ -541,8 +545,6 @@ class HeatPolicy(MeshSignals, Policy):
             v.depth[s] = v.depth[parent] + 1
             v.children[parent] += 1
             self.extended[parent] = True
-            if self.chain_reuse is not None:
-                self.chain_reuse.extended(self._keys[parent])
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
         attention = self._pending_attention.pop(key, None)

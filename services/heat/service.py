@@ -67,7 +67,8 @@ class HeatService(Service):
         self._keyed: EventConsumer | None = None
         if settings.instance is not None:
             self.engine.foreign_parent = self._foreign_parent
-        # (steps, labels seen) of the model as last saved or restored; a fresh model has nothing to save
+        # `_learned()` as last saved or restored: (MLP steps, MLP labels, chain re-use labels); a fresh
+        # model has nothing to save
         self._saved: tuple[int, int, int] = (0, 0, 0)
 
     async def open(self, stack: AsyncExitStack) -> None:
