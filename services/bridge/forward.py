@@ -7,6 +7,7 @@ consumers drop it as a duplicate. What cannot be decoded goes to `kv.events.dlq.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import logging
@@ -23,8 +24,8 @@ from schemas.wire import dead_letter_headers
 from services.bridge.positions import PostgresPositionStore
 from services.bridge.sequence import SeqTracker
 from services.bridge.settings import PublisherConfig
-from services.bridge.translate import Engine, LiveBlocks, to_kv_events, waves
-from services.bridge.wire import WireError, decode_batch, split_frames
+from services.bridge.translate import ChainIndex, Engine, to_kv_events, waves
+from services.bridge.wire import AllBlocksCleared, Batch, WireError, decode_batch, split_frames
 from services.bridge.zmq_source import ReplayUnavailable, ZmqSource
 from services.runtime.consume import backoff_s
 from services.runtime.kafka import EventPublisher
@@ -70,7 +71,7 @@ class EngineBridge:
         self.engine = Engine(config.engine_id, config.model)
         self.source = source
         self.tracker = SeqTracker()
-        self.live = LiveBlocks(max_tracked_blocks)
+        self.chains = ChainIndex(max_tracked_blocks)
         self.counts = Counts()
         self._publisher = publisher
         self._store = store
@@ -93,7 +94,9 @@ class EngineBridge:
             },
         )
         if self.config.replay_endpoint is not None and (saved is not None or self._replay_history):
-            await self._replay()
+            # From the start of what the engine still holds: batches forwarded before this process
+            # began only rebuild the chain index (the parents of the blocks to come), the rest go on.
+            await self._replay(rebuild=saved is not None)
 
     async def run(self) -> None:
         """Resume, then forward what the engine publishes until cancelled."""
@@ -117,6 +120,7 @@ class EngineBridge:
         if verdict == "restart":
             self.counts.restarts += 1
             log.warning("engine restarted: a new epoch", extra={"engine": self.engine.engine_id, "seq": seq})
+            await self._publish(self._forgotten())
         if seq != self.tracker.next_seq:
             await self._replay()
             if seq < self.tracker.next_seq:
@@ -124,12 +128,14 @@ class EngineBridge:
             self._lose_until(seq)
         await self._forward(seq, payload)
 
-    async def _replay(self) -> None:
+    async def _replay(self, *, rebuild: bool = False) -> None:
         start, lost_before = self.tracker.next_seq, self.tracker.lost
         self.counts.replays += 1
         try:
-            async for seq, payload in self.source.replay(start):
-                if self.tracker.on_replayed(seq, digest(payload)):
+            async for seq, payload in self.source.replay(0 if rebuild else start):
+                if seq < start:
+                    self._index_only(payload)
+                elif self.tracker.on_replayed(seq, digest(payload)):
                     self.counts.replayed += 1
                     await self._forward(seq, payload)
         except ReplayUnavailable as exc:
@@ -138,6 +144,12 @@ class EngineBridge:
                 "replay failed", extra={"engine": self.engine.engine_id, "from_seq": start, "error": str(exc)}
             )
         self._count_lost(self.tracker.lost - lost_before, start)
+
+    def _index_only(self, payload: bytes) -> None:
+        """Learn the keys of an already forwarded batch without sending its events again."""
+        with contextlib.suppress(WireError):
+            if len(payload) <= self._max_payload_bytes:
+                to_kv_events(decode_batch(payload), self.engine, self.tracker.epoch, -1, self.chains)
 
     def _lose_until(self, seq: int) -> None:
         before = self.tracker.lost
@@ -162,15 +174,24 @@ class EngineBridge:
         except WireError as exc:
             await self._dead_letter(payload, seq, exc.kind, exc.reason)
         else:
-            events = to_kv_events(batch, self.engine, self.tracker.epoch, seq, self.live)
-            for wave in waves(events):
-                await self._retrying(functools.partial(self._publish_wave, wave))
+            events = to_kv_events(batch, self.engine, self.tracker.epoch, seq, self.chains)
+            await self._publish(events)
             self.counts.forwarded += 1
             self.counts.events += len(events)
             EVENTS.labels(self.engine.engine_id).inc(len(events))
             BATCHES.labels(self.engine.engine_id, "forwarded").inc()
         self.tracker.forwarded(seq)
         await self._store.save(self.engine.engine_id, self.tracker.position)
+
+    def _forgotten(self) -> list[Event]:
+        """A restarted engine holds none of its old blocks: their removals (as `AllBlocksCleared`),
+        numbered apart from any batch of the new epoch."""
+        cleared = Batch(time.time(), (AllBlocksCleared(),))
+        return to_kv_events(cleared, self.engine, self.tracker.epoch, -1, self.chains)
+
+    async def _publish(self, events: list[Event]) -> None:
+        for wave in waves(events):
+            await self._retrying(functools.partial(self._publish_wave, wave))
 
     async def _publish_wave(self, wave: list[Event]) -> None:
         await asyncio.gather(*(self._publisher.publish(e) for e in wave))
@@ -216,6 +237,7 @@ class EngineBridge:
             "epoch": self.tracker.epoch,
             "last_seq": self.tracker.last_forwarded,
             "lost": self.tracker.lost,
-            "live_blocks": len(self.live),
+            "live_blocks": len(self.chains),
+            "orphan_blocks": self.chains.orphans,
             **self.counts.__dict__,
         }

@@ -1,10 +1,15 @@
-"""vLLM KV events as `kv.events.v1`, without I/O: one `KvBlockStored` / `KvBlockRemoved` per block, the
-parent link kept (a `BlockStored` of n blocks is a chain: each block's parent is the one before it, the
-first one's is `parent_block_hash`), the engine as `node_id`, and an event id derived from
-(engine, epoch, seq, position) so that a batch forwarded twice is dropped downstream as a duplicate.
+"""vLLM KV events as `kv.events.v1`, without I/O: one `KvBlockStored` / `KvBlockRemoved` per block, keyed
+by content (cachemesh_client/kvkeys.py: a digest chained over the model identity and the token ids), so
+that two engines, the connector, the gateway and the tiers name a block alike; vLLM's own hashes are
+per process. A `BlockStored` of n blocks is a chain: each block's parent is the one before it, the first
+one's is `parent_block_hash` (an engine block this bridge keyed earlier, in `ChainIndex`). The engine is
+the events' `node_id`, and an event id derived from (engine, epoch, seq, position) lets consumers drop a
+batch forwarded twice as a duplicate.
 
 vLLM's `AllBlocksCleared` has no counterpart in v1: it becomes a removal of every block this bridge saw
-stored by that engine and not removed since (`LiveBlocks`, bounded; the oldest are forgotten first).
+stored by that engine and not removed since (bounded; the oldest are forgotten first). A block whose
+parent this bridge never heard of (its history was lost) cannot be keyed: it is counted as an orphan and
+left out, as are its descendants.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Literal
+
+from cachemesh_client.kvkeys import key_of, next_digest, root_digest
 
 from schemas.events import Event, KvBlockRemoved, KvBlockStored
 from services.bridge.wire import AllBlocksCleared, Batch, BlockRemoved, BlockStored, hash_key
@@ -23,32 +30,39 @@ _MEDIA: dict[str, Medium] = {"gpu": "gpu", "cpu": "cpu", "disk": "disk"}
 
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """Who published the batch: `engine_id` becomes the events' `node_id`; `model` their model."""
+    """Who published the batch: `engine_id` becomes the events' `node_id`; `model` their model and the
+    model identity in the block keys (the name the engine serves, as the connector and gateway say it)."""
 
     engine_id: str
-    model: str | None = None
+    model: str
 
 
 @dataclass
-class LiveBlocks:
-    """Blocks an engine holds as far as this bridge heard, to turn `AllBlocksCleared` into removals."""
+class ChainIndex:
+    """The content digest of every block an engine holds, as far as this bridge heard, by the engine's own
+    hash: the parents of the next `BlockStored`, and what `AllBlocksCleared` removes. Bounded (least
+    recently stored first out); `orphans` counts blocks that could not be keyed."""
 
     capacity: int
-    _blocks: OrderedDict[str, None] = field(default_factory=OrderedDict)
+    orphans: int = 0
+    _blocks: OrderedDict[str, bytes] = field(default_factory=OrderedDict)
 
-    def add(self, key: str) -> None:
-        self._blocks[key] = None
-        self._blocks.move_to_end(key)
+    def add(self, engine_hash: str, digest: bytes) -> None:
+        self._blocks[engine_hash] = digest
+        self._blocks.move_to_end(engine_hash)
         if len(self._blocks) > self.capacity:
             self._blocks.popitem(last=False)
 
-    def discard(self, key: str) -> None:
-        self._blocks.pop(key, None)
+    def get(self, engine_hash: str) -> bytes | None:
+        return self._blocks.get(engine_hash)
 
-    def clear(self) -> list[str]:
-        keys = list(self._blocks)
+    def discard(self, engine_hash: str) -> bytes | None:
+        return self._blocks.pop(engine_hash, None)
+
+    def clear(self) -> list[bytes]:
+        digests = list(self._blocks.values())
         self._blocks.clear()
-        return keys
+        return digests
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -64,46 +78,69 @@ def medium_of(raw: str | None) -> Medium | None:
     return None if raw is None else _MEDIA.get(raw.lower())
 
 
-def to_kv_events(batch: Batch, engine: Engine, epoch: int, seq: int, live: LiveBlocks) -> list[Event]:
+def to_kv_events(batch: Batch, engine: Engine, epoch: int, seq: int, chains: ChainIndex) -> list[Event]:
     at_ms = max(0, round(batch.ts * 1000))
     out: list[Event] = []
     for i, ev in enumerate(batch.events):
         if isinstance(ev, BlockStored):
-            parent = None if ev.parent_block_hash is None else hash_key(ev.parent_block_hash)
-            for j, h in enumerate(ev.block_hashes):
-                key = hash_key(h)
-                out.append(
-                    KvBlockStored(
-                        event_id=event_id(engine.engine_id, epoch, seq, i, j),
-                        occurred_at_ms=at_ms,
-                        block_hash=key,
-                        parent_block_hash=parent,
-                        model=engine.model,
-                        block_size_tokens=ev.block_size,
-                        medium=medium_of(ev.medium),
-                        node_id=engine.engine_id,
-                    )
-                )
-                live.add(key)
-                parent = key
+            out.extend(_stored(ev, engine, epoch, seq, i, at_ms, chains))
         elif isinstance(ev, BlockRemoved):
             for j, h in enumerate(ev.block_hashes):
-                key = hash_key(h)
-                out.append(_removed(engine, epoch, seq, i, j, key, at_ms, medium_of(ev.medium)))
-                live.discard(key)
+                digest = chains.discard(hash_key(h))
+                if digest is not None:
+                    out.append(_removed(engine, epoch, seq, i, j, digest, at_ms, medium_of(ev.medium)))
         elif isinstance(ev, AllBlocksCleared):
-            for j, key in enumerate(live.clear()):
-                out.append(_removed(engine, epoch, seq, i, j, key, at_ms, None))
+            for j, digest in enumerate(chains.clear()):
+                out.append(_removed(engine, epoch, seq, i, j, digest, at_ms, None))
+    return out
+
+
+def _stored(
+    ev: BlockStored, engine: Engine, epoch: int, seq: int, i: int, at_ms: int, chains: ChainIndex
+) -> list[Event]:
+    if ev.parent_block_hash is None:
+        parent: bytes | None = root_digest(engine.model, ev.block_size, ev.lora_name or "")
+        parent_key = None
+    else:
+        parent = chains.get(hash_key(ev.parent_block_hash))
+        parent_key = None if parent is None else key_of(parent)
+    if parent is None:
+        chains.orphans += len(ev.block_hashes)
+        return []
+    out: list[Event] = []
+    size = ev.block_size
+    for j, h in enumerate(ev.block_hashes):
+        tokens = ev.token_ids[j * size : (j + 1) * size]
+        extra = None if ev.extra_keys is None else ev.extra_keys[j]
+        if extra is not None:
+            # Keyed apart from text-only blocks: the connector does not key such blocks at all.
+            parent = hashlib.blake2b(parent + repr(extra).encode(), digest_size=len(parent)).digest()
+        digest = next_digest(parent, tokens)
+        key = key_of(digest)
+        out.append(
+            KvBlockStored(
+                event_id=event_id(engine.engine_id, epoch, seq, i, j),
+                occurred_at_ms=at_ms,
+                block_hash=key,
+                parent_block_hash=parent_key,
+                model=engine.model,
+                block_size_tokens=size,
+                medium=medium_of(ev.medium),
+                node_id=engine.engine_id,
+            )
+        )
+        chains.add(hash_key(h), digest)
+        parent, parent_key = digest, key
     return out
 
 
 def _removed(
-    engine: Engine, epoch: int, seq: int, i: int, j: int, key: str, at_ms: int, medium: Medium | None
+    engine: Engine, epoch: int, seq: int, i: int, j: int, digest: bytes, at_ms: int, medium: Medium | None
 ) -> KvBlockRemoved:
     return KvBlockRemoved(
         event_id=event_id(engine.engine_id, epoch, seq, i, j),
         occurred_at_ms=at_ms,
-        block_hash=key,
+        block_hash=key_of(digest),
         model=engine.model,
         medium=medium,
         node_id=engine.engine_id,

@@ -61,10 +61,18 @@ class WireError(ValueError):
 class BlockStored:
     block_hashes: tuple[BlockHash, ...]
     parent_block_hash: BlockHash | None
-    token_count: int
+    token_ids: tuple[int, ...]
     block_size: int
     lora_id: int | None = None
     medium: str | None = None
+    lora_name: str | None = None
+    # What else the engine hashed into these blocks (multimodal inputs, a cache salt), per block or
+    # None: a block with any is keyed apart from a text-only block of the same tokens.
+    extra_keys: tuple[Any, ...] | None = None
+
+    @property
+    def token_count(self) -> int:
+        return len(self.token_ids)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,14 +146,24 @@ def _event(raw: Any, index: int) -> KvEvent:
         parent = f["parent_block_hash"]
         if parent is not None:
             parent = _hash(parent, f"{where} BlockStored.parent_block_hash")
-        lora = f.get("lora_id")
+        hashes = _hashes(f["block_hashes"], f"{where} BlockStored")
+        if len(tokens) != len(hashes) * size:
+            raise WireError(
+                "invalid",
+                f"{where} BlockStored has {len(tokens)} token ids for {len(hashes)} blocks of {size}",
+            )
+        lora, lora_name, extra = f.get("lora_id"), f.get("lora_name"), f.get("extra_keys")
+        if extra is not None and (not isinstance(extra, list) or len(extra) != len(hashes)):
+            raise WireError("invalid", f"{where} BlockStored.extra_keys is not one entry per block")
         return BlockStored(
-            _hashes(f["block_hashes"], f"{where} BlockStored"),
+            hashes,
             parent,
-            len(tokens),
+            tuple(tokens),
             size,
             lora if _is_int(lora) else None,
             _medium(f.get("medium"), where),
+            lora_name if isinstance(lora_name, str) else None,
+            None if extra is None or all(e is None for e in extra) else tuple(extra),
         )
     if tag == "BlockRemoved":
         f = _fields(body, REMOVED_FIELDS, REMOVED_REQUIRED, f"{where} BlockRemoved")

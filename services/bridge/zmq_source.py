@@ -1,6 +1,9 @@
 """The ZMQ edge of the bridge: a SUB socket on a vLLM publisher's PUB endpoint, and replay requests to
 its ROUTER endpoint (one DEALER per request, so a late reply to a request given up on can never be
-mistaken for the answer to the next). Frames are interpreted by wire.py."""
+mistaken for the answer to the next). Frames are interpreted by wire.py.
+
+vLLM binds its PUB socket only to a wildcard endpoint (`tcp://*:5557`); given a host (`tcp://host:5557`)
+it connects, and then the bridge binds (`bind: true`), which keeps both on loopback."""
 
 from __future__ import annotations
 
@@ -31,7 +34,10 @@ class ZmqSource:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
-        sub.connect(self.config.endpoint)
+        if self.config.bind:
+            sub.bind(self.config.endpoint)
+        else:
+            sub.connect(self.config.endpoint)
         self._sub = sub
 
     def close(self) -> None:
@@ -45,8 +51,8 @@ class ZmqSource:
 
     async def replay(self, start_seq: int) -> AsyncIterator[tuple[int, bytes]]:
         """Every buffered (seq, payload) from `start_seq` on, as vLLM's `_service_replay` sends them:
-        the ROUTER gets [identity, "", start] and answers [identity, "", seq, payload] per batch, then
-        [identity, "", -1, ""]."""
+        the ROUTER gets [identity, "", start] and answers [identity, "", topic, seq, payload] per batch,
+        then [identity, "", "", -1, ""] (releases before 0.32 left the topic out)."""
         if self.config.replay_endpoint is None:
             raise ReplayUnavailable("no replay endpoint configured")
         dealer = self._ctx.socket(zmq.DEALER)
@@ -57,16 +63,16 @@ class ZmqSource:
                 if not await dealer.poll(self._timeout_ms):
                     raise ReplayUnavailable(f"no reply within {self._timeout_ms} ms")
                 frames = await dealer.recv_multipart()
-                if len(frames) != 3 or frames[0] != b"":
+                if len(frames) not in (3, 4) or frames[0] != b"":
                     raise ReplayUnavailable(
-                        f"a replay reply has {len(frames)} frames, not ['', seq, payload]"
+                        f"a replay reply has {len(frames)} frames, not ['', topic, seq, payload]"
                     )
                 try:
-                    seq = seq_of(frames[1])
+                    seq = seq_of(frames[-2])
                 except WireError as exc:
                     raise ReplayUnavailable(exc.reason) from None
                 if seq == END_OF_REPLAY:
                     return
-                yield seq, frames[2]
+                yield seq, frames[-1]
         finally:
             dealer.close(linger=0)

@@ -14,10 +14,21 @@ from pydantic import SecretStr
 from infra.brokers import ApacheKafkaBroker, Broker, TansuBroker, broker_from_env
 from infra.postgres import EmbeddedPostgres, postgres_from_env
 from infra.topics import ensure_topics
+from infra.vllm_env import unsupported_reason
 from services.runtime.settings import KafkaSettings, PostgresSettings
 from services.tiers.settings import TiersSettings
 
 pytestmark = pytest.mark.integration
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `vllm` run real engines; they skip only where vLLM cannot run at all (never for a
+    missing install: the fixtures build what is missing), with the reason shown."""
+    reason = unsupported_reason()
+    if reason is not None:
+        for item in items:
+            if "vllm" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

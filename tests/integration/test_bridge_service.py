@@ -15,6 +15,7 @@ from typing import Self
 import msgpack
 import pytest
 from aiokafka import AIOKafkaConsumer
+from cachemesh_client.kvkeys import block_keys
 
 from schemas.events import Event, KvBlockRemoved, KvBlockStored
 from schemas.topics import dlq_name, qualified
@@ -37,16 +38,26 @@ def block(n: int) -> bytes:
     return hashlib.sha256(f"block-{n}".encode()).digest()
 
 
-def run_batch(start: int, count: int) -> bytes:
-    """A batch storing blocks start..start+count-1 of one chain (the first one's parent: start-1)."""
+def run_batch(start: int, count: int, at_s: float = 1_700_000_000.0) -> bytes:
+    """A batch storing blocks start..start+count-1 of one chain (the first one's parent: start-1); block
+    n holds tokens 16n..16n+15."""
     hashes = [block(start + i) for i in range(count)]
     parent = block(start - 1) if start > 0 else None
-    return encode(Batch(1_700_000_000.0 + start, [Stored(hashes, parent, list(range(16 * count)), 16)], 0))
+    tokens = list(range(16 * start, 16 * (start + count)))
+    return encode(Batch(at_s + start, [Stored(hashes, parent, tokens, 16)], 0))
 
 
-def chain_batch(b: int) -> bytes:
+# The content key of block n of that chain: what the bridge names it, whatever the engine's hash.
+_KEYS = block_keys(list(range(16 * 400)), model="llama-3-8b", block_size=16)
+
+
+def key(n: int) -> str:
+    return _KEYS[n]
+
+
+def chain_batch(b: int, at_s: float = 1_700_000_000.0) -> bytes:
     """Batch `b` stores blocks 4b..4b+3, continuing the chain that batch b-1 ended."""
-    return run_batch(BLOCKS_PER_BATCH * b, BLOCKS_PER_BATCH)
+    return run_batch(BLOCKS_PER_BATCH * b, BLOCKS_PER_BATCH, at_s)
 
 
 class Tap:
@@ -128,21 +139,21 @@ async def test_events_arrive_with_chains_and_heat_tracks_the_blocks(
                 await until(lambda: len(tap.records) >= total + 1, timeout_s=30, step_s=0.02)
                 health = await bridge.health()
             await until(lambda: heat.engine.events_applied >= total + 1, timeout_s=30, step_s=0.02)
-            tracked = {block(n).hex() for n in range(total - 1) if block(n).hex() in heat.engine.policy}
-            removed_still_tracked = block(total - 1).hex() in heat.engine.policy
+            tracked = {key(n) for n in range(total - 1) if key(n) in heat.engine.policy}
+            removed_still_tracked = key(total - 1) in heat.engine.policy
 
-    assert tracked == {block(n).hex() for n in range(total - 1)}, "heat holds every block of the chain"
+    assert tracked == {key(n) for n in range(total - 1)}, "heat holds every block of the chain"
     assert not removed_still_tracked
     events = tap.events()
     stored = [e for e in events if isinstance(e, KvBlockStored)]
-    assert len(stored) == total and stored_hashes(events) == {block(n).hex() for n in range(total)}
+    assert len(stored) == total and stored_hashes(events) == {key(n) for n in range(total)}
     parents = {e.block_hash: e.parent_block_hash for e in stored}
     for n in range(total):  # the prefix chain survives, within and across batches
-        assert parents[block(n).hex()] == (block(n - 1).hex() if n else None)
+        assert parents[key(n)] == (key(n - 1) if n else None)
     assert {e.node_id for e in stored} == {settings.engine_id}
     assert {(e.model, e.block_size_tokens, e.medium) for e in stored} == {("llama-3-8b", 16, "gpu")}
     (removed,) = [e for e in events if isinstance(e, KvBlockRemoved)]
-    assert removed.block_hash == block(total - 1).hex() and removed.node_id == settings.engine_id
+    assert removed.block_hash == key(total - 1) and removed.node_id == settings.engine_id
     # Keyed by block hash (the catalogue's key for kv.events.v1).
     assert all(
         key == event.kafka_key().encode() for (key, _, _), event in zip(tap.records, events, strict=True)
@@ -167,7 +178,7 @@ async def test_a_batch_missing_on_pub_is_filled_from_the_replay_socket(
                 pub.publish(chain_batch(b))
             await until(lambda: len(tap.records) >= 6 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
             (engine,) = bridge.engines
-    assert stored_hashes(tap.events()) == {block(n).hex() for n in range(6 * BLOCKS_PER_BATCH)}
+    assert stored_hashes(tap.events()) == {key(n) for n in range(6 * BLOCKS_PER_BATCH)}
     assert len(tap.records) == 6 * BLOCKS_PER_BATCH  # nothing twice
     assert 3 in pub.replay_requests
     assert engine.tracker.lost == 0 and engine.counts.replayed >= 1
@@ -198,7 +209,7 @@ async def test_bad_messages_go_to_the_dead_letter_topic_and_the_bridge_goes_on(
     assert by_kind["malformed_msgpack"][0] == b"\xc1 not msgpack"  # the original bytes, untouched
     assert b"Nope" in by_kind["unknown_tag"][1][DLQ_REASON]
     assert health["healthy"] and health["engines"][0]["dead_lettered"] == 3
-    assert stored_hashes(tap.events()) == {block(n).hex() for n in range(2 * BLOCKS_PER_BATCH)}
+    assert stored_hashes(tap.events()) == {key(n) for n in range(2 * BLOCKS_PER_BATCH)}
 
 
 async def test_a_killed_bridge_restarts_losing_nothing_and_doubling_nothing(
@@ -234,7 +245,7 @@ async def test_a_killed_bridge_restarts_losing_nothing_and_doubling_nothing(
                 for b in range(40, total):
                     pub.publish(chain_batch(b))
                 await until(
-                    lambda: stored_hashes(tap.events()) >= {block(n).hex() for n in range(total * 4)},
+                    lambda: stored_hashes(tap.events()) >= {key(n) for n in range(total * 4)},
                     30,
                     0.05,
                 )
@@ -248,9 +259,11 @@ async def test_a_killed_bridge_restarts_losing_nothing_and_doubling_nothing(
     assert len(set(ids)) == want, "every block event exactly once by id"
     assert applied == want, "the heat service applied each once, whatever was re-sent"
     assert resumed.tracker.lost == 0 and resumed.tracker.epoch == 0
-    # The second bridge asked for what came after the saved position (the last batch forwarded, or the
-    # one before if the kill came between its produce and its save), not for everything.
-    assert pub.replay_requests[-1] in (killed_at, killed_at + 1) and resumed.counts.replayed >= 20
+    # The second bridge replayed the engine's buffer from the start: what it had forwarded up to the
+    # saved position (the last batch forwarded, or the one before if the kill came between its produce
+    # and its save) only taught it the chain's keys; what came after went on.
+    assert pub.replay_requests[-1] == 0 and killed_at >= 9
+    assert resumed.counts.replayed >= 20 and resumed.chains.orphans == 0
 
 
 @pytest.mark.parametrize("first_epoch", ["heard live", "replayed on first start"])
@@ -277,14 +290,19 @@ async def test_an_engine_restart_starts_a_new_epoch(
             (engine,) = bridge.engines
             assert engine.tracker.epoch == 0
             pub.restart_numbering()  # vLLM restarted: seq 0 again, the replay buffer empty
-            for b in range(3, 6):
-                pub.publish(chain_batch(b))
-            await until(lambda: len(tap.records) >= 6 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            for b in range(2):  # it computes the same prompt again (later): the same keys
+                pub.publish(chain_batch(b, at_s=1_700_000_500.0))
+            n = 3 * BLOCKS_PER_BATCH  # stored, removed when the restart is noticed, and stored again
+            await until(lambda: len(tap.records) >= 2 * n + 2 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
     events = tap.events()
-    assert stored_hashes(events) == {block(n).hex() for n in range(6 * BLOCKS_PER_BATCH)}
-    # Seq 0..2 came twice, once per epoch: different event ids, so nothing downstream drops them.
-    assert len({e.event_id for e in events}) == 6 * BLOCKS_PER_BATCH
-    assert engine.tracker.epoch == 1 and engine.tracker.last_forwarded == 2 and engine.counts.restarts == 1
+    assert stored_hashes(events) == {key(n) for n in range(3 * BLOCKS_PER_BATCH)}
+    removed = [e.block_hash for e in events if isinstance(e, KvBlockRemoved)]
+    assert sorted(removed) == sorted(key(n) for n in range(3 * BLOCKS_PER_BATCH))
+    stored = sorted(e.block_hash for e in events if isinstance(e, KvBlockStored))
+    assert stored == sorted([key(n) for n in range(n)] + [key(n) for n in range(2 * BLOCKS_PER_BATCH)])
+    # Seq 0..1 came twice, once per epoch: different event ids, so nothing downstream drops them.
+    assert len({e.event_id for e in events}) == len(events) == 2 * n + 2 * BLOCKS_PER_BATCH
+    assert engine.tracker.epoch == 1 and engine.tracker.last_forwarded == 1 and engine.counts.restarts == 1
     if first_epoch == "replayed on first start":
         assert engine.counts.duplicates == 0, "nothing of the first epoch came live, nothing was a copy"
 
@@ -303,8 +321,11 @@ async def test_what_the_replay_no_longer_holds_is_counted_lost(
             for b in (1, 2, 3):  # never heard; the buffer of three keeps 2, 3 (and then 4)
                 pub.publish(chain_batch(b), drop_on_pub=True)
             pub.publish(chain_batch(4))
-            await until(lambda: len(tap.records) >= 4 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            await until(lambda: bridge.engines[0].counts.forwarded >= 4, timeout_s=30, step_s=0.02)
             health = await bridge.health()
-    assert stored_hashes(tap.events()) == {block(n).hex() for n in range(20) if not 4 <= n < 8}
+    # Batch 1 is gone, so blocks 4..7 have no keys, and neither has any block chained after them:
+    # batches 2..4 are orphans (counted, not guessed at).
+    assert stored_hashes(tap.events()) == {key(n) for n in range(4)}
     (engine,) = health["engines"]
     assert engine["lost"] == 1 and engine["last_seq"] == 4 and health["healthy"]
+    assert engine["orphan_blocks"] == 3 * BLOCKS_PER_BATCH

@@ -41,7 +41,7 @@ def test_every_event_type_decodes(version: str) -> None:
     stored, removed, cleared = got.events
     assert isinstance(stored, BlockStored)
     assert stored.block_hashes == (H[1], H[2]) and stored.parent_block_hash == H[0]
-    assert stored.block_size == 16 and stored.token_count == 32
+    assert stored.block_size == 16 and stored.token_count == 32 and stored.token_ids == tuple(range(32))
     assert stored.medium == (None if version == "array-first" else "GPU")
     assert isinstance(removed, BlockRemoved) and removed.block_hashes == (H[1],)
     assert removed.medium == (None if version == "array-first" else "CPU")
@@ -51,11 +51,11 @@ def test_every_event_type_decodes(version: str) -> None:
 def test_the_array_form_is_exactly_tag_then_fields_in_declaration_order() -> None:
     # What msgspec writes for KVEventBatch(ts=1.5, events=[BlockStored(...)], data_parallel_rank=2).
     raw = msgpack.packb(
-        [1.5, [["BlockStored", [7, 8], None, [1, 2, 3, 4], 4, 3, "GPU", "adapter", None, 1]], 2]
+        [1.5, [["BlockStored", [7, 8], None, list(range(1, 9)), 4, 3, "GPU", "adapter", None, 1]], 2]
     )
     got = decode_batch(raw)
     (stored,) = got.events
-    assert stored == BlockStored((7, 8), None, 4, 4, 3, "GPU")
+    assert stored == BlockStored((7, 8), None, tuple(range(1, 9)), 4, 3, "GPU", "adapter")
     assert got.data_parallel_rank == 2
 
 
@@ -83,8 +83,13 @@ def test_a_batch_as_captured_from_vllm_0_26() -> None:
         ]
     )
     got = decode_batch(raw)
-    assert got.events == (BlockStored((15760518052499183552,), None, 16, 16, None, "GPU"),)
+    assert got.events == (BlockStored((15760518052499183552,), None, tuple(range(16)), 16, None, "GPU"),)
     assert got.data_parallel_rank == 0
+
+
+def test_token_ids_must_fill_the_blocks() -> None:
+    with pytest.raises(WireError, match="3 token ids for 1 blocks of 4"):
+        decode_batch(encode(Batch(1.0, [Stored([1], None, [0, 1, 2], 4)])))
 
 
 def test_integer_hashes_and_a_first_block_without_parent() -> None:
