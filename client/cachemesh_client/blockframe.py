@@ -51,7 +51,7 @@ class FetchedBlock:
 
 def encode_blocks(blocks: Iterable[FetchedBlock]) -> bytes:
     items = list(blocks)
-    parts = [_HEAD.pack(MAGIC, VERSION, len(items))]
+    parts: list[bytes | memoryview] = [_HEAD.pack(MAGIC, VERSION, len(items))]
     for b in items:
         key = b.key.encode()
         parts.append(_RECORD_KEY.pack(len(key)))

@@ -20,6 +20,8 @@ from pydantic import SecretStr
 from schemathesis import GenerationMode
 
 from services.tiers.edge.api import VALUE_MEDIA_TYPE
+from services.tiers.edge.blockframe import MEDIA_TYPE as BLOCKS_MEDIA_TYPE
+from services.tiers.edge.blockframe import FetchedBlock, encode_blocks
 from services.tiers.settings import TiersSettings
 from tests.integration.nodes import running, until
 
@@ -33,9 +35,10 @@ DERANDOMIZE = "CACHEMESH_FUZZ_EXAMPLES" not in os.environ
 REQUEST_TIMEOUT_S = 5.0
 
 
-@schemathesis.serializer(VALUE_MEDIA_TYPE)
+@schemathesis.serializer(VALUE_MEDIA_TYPE, BLOCKS_MEDIA_TYPE)
 def _value_bytes(_: Any, value: Any) -> dict[str, bytes]:
-    """PUT /v1/values takes raw bytes: whatever was generated, as bytes (the codec must refuse it)."""
+    """PUT /v1/values and POST /v1/blocks/put take raw bytes: whatever was generated, as bytes (the
+    codecs must refuse it)."""
     if isinstance(value, bytes):
         return {"data": value}
     return {"data": value.encode() if isinstance(value, str) else json.dumps(value).encode()}
@@ -153,6 +156,10 @@ HOSTILE: list[tuple[str, str, bytes]] = [
     ("PUT", "/v1/entries/k-big", _json_body({**PUT_TEXT, "value": {"text": "x" * (9 << 20)}})),
     ("PUT", "/v1/values/k-garbage", b"\x00" * 64),
     ("PUT", "/v1/values/k-trace?trace_id=%00", b"\x00" * 64),
+    ("POST", "/v1/blocks/put", b"CMBF\x01\xff\xff\xff\xff"),
+    ("POST", "/v1/blocks/put", encode_blocks([FetchedBlock("not-a-kv-key", "hit", None, b"x")])),
+    ("POST", "/v1/blocks/put", encode_blocks([FetchedBlock("kv:" + "ab" * 16, "hit", None, b"\x00" * 64)])),
+    ("POST", "/v1/blocks/put", encode_blocks([FetchedBlock("kv:" + "ab" * 16, "miss")])),
     ("POST", "/v1/feedback", _json_body({"key": "\u0000", "embedding_b64": "AACAPw==", "correct": True})),
 ]
 
@@ -167,6 +174,8 @@ async def test_hostile_requests_are_refused_cleanly(node_settings: Callable[...,
                 headers = {"Content-Type": "application/json"}
                 if path.startswith("/v1/values/"):
                     headers = {"Content-Type": VALUE_MEDIA_TYPE}
+                elif path.startswith("/v1/blocks/put"):
+                    headers = {"Content-Type": BLOCKS_MEDIA_TYPE}
                 response = await http.request(method, path, content=content, headers=headers)
                 where = f"{method} {path} {content[:60]!r} -> {response.status_code} {response.text[:200]}"
                 if response.status_code >= 500:

@@ -231,6 +231,18 @@ class PrefixOut(BaseModel):
     blocks: list[PrefixBlock] = Field(description="where each block of the cached prefix is")
 
 
+class BlockPutResult(BaseModel):
+    key: str
+    status: Literal["stored", "present"] = Field(description="present: the node held this block already")
+    tiers: list[Tier]
+
+
+class BlocksPutOut(BaseModel):
+    stored: int
+    present: int
+    results: list[BlockPutResult]
+
+
 class FetchBody(_Strict):
     keys: Annotated[list[Key], Field(min_length=1, max_length=_MAX_CHAIN)]
     model: str | None = None

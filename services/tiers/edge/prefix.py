@@ -6,15 +6,21 @@ block after the first miss is of no use to the engine: its attention needs every
 with the tier and node of each block in it. POST /v1/blocks/fetch answers many blocks' values in one
 binary body (blockframe.py documents it). Both take at most `max_batch` keys (413 beyond); the fetch
 stops adding values once the body would pass `max_request_bytes` (those blocks come back "omitted").
+POST /v1/blocks/put writes many KV blocks in the same frame (every record a hit): content-addressed
+blocks (`kv:` keys, cachemesh_client/kvkeys.py), each a `kv_block` value in the cachemesh encoding; the
+whole body is checked before anything is written, and a bad one is refused with the reason.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Response
+from cachemesh_client.kvkeys import KEY_PREFIX
+from fastapi import APIRouter, HTTPException, Request, Response
 
-from services.tiers.edge.blockframe import MEDIA_TYPE, FetchedBlock, encode_blocks
-from services.tiers.edge.models import FetchBody, PrefixBody, PrefixOut
+from services.tiers.codec import CodecError
+from services.tiers.edge.blockframe import MEDIA_TYPE, FetchedBlock, FrameError, encode_blocks, parse_blocks
+from services.tiers.edge.models import BlocksPutOut, FetchBody, PrefixBody, PrefixOut
+from services.tiers.entry import EntryMeta, decode_value
 from services.tiers.node.plan import Lookup, Query
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
@@ -85,4 +91,49 @@ def prefix_router(cache: TieredCache, settings: TiersSettings) -> APIRouter:
                 out.append(FetchedBlock(key, "hit", result.tier, result.entry.blob))
         return Response(encode_blocks(out), media_type=MEDIA_TYPE)
 
+    @router.post(
+        "/blocks/put",
+        response_model=BlocksPutOut,
+        summary="Write many KV blocks in one binary body (content-addressed: a block held already stays)",
+        openapi_extra={"requestBody": {"content": {MEDIA_TYPE: {}}, "required": True}},
+    )
+    async def put_blocks(request: Request) -> dict[str, Any]:
+        try:
+            records = parse_blocks(await request.body())
+        except FrameError as exc:
+            raise HTTPException(422, f"not a block frame: {exc}") from None
+        check_size([r.key for r in records])
+        items = [(block_meta(r, settings), bytes(r.value)) for r in records]
+        results = await cache.put_blocks(items)
+        return {
+            "stored": sum(r.status == "stored" for r in results),
+            "present": sum(r.status == "present" for r in results),
+            "results": [{"key": r.key, "status": r.status, "tiers": list(r.tiers)} for r in results],
+        }
+
     return router
+
+
+def block_meta(record: FetchedBlock, settings: TiersSettings) -> EntryMeta:
+    """The descriptor of one record of a block write, or the 4xx that says what is wrong with it."""
+    key = record.key
+    if not key.startswith(KEY_PREFIX) or len(key) > 200:
+        raise HTTPException(422, f"{key[:80]!r} is not a KV block key ({KEY_PREFIX}<digest>)")
+    if record.status != "hit":
+        raise HTTPException(422, f"block {key}: a write carries values (status hit), not {record.status}")
+    if len(record.value) > settings.max_value_bytes:
+        raise HTTPException(
+            413, f"block {key} is {len(record.value)} bytes; the limit is {settings.max_value_bytes}"
+        )
+    try:
+        header = decode_value(record.value).header
+    except CodecError as exc:
+        raise HTTPException(422, f"block {key} is not a cachemesh value: {exc}") from None
+    if header.kind != "kv_block" or not header.model:
+        raise HTTPException(422, f"block {key} is a {header.kind} value for model {header.model!r}")
+    return EntryMeta(
+        key=key,
+        kind="kv_block",
+        model=header.model,
+        similarity_tolerance=settings.default_similarity_tolerance,
+    )

@@ -127,9 +127,13 @@ class TierReads:
         return at is not None and entry.meta.updated_at_ms < at
 
     def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
-        """Place `entry` in L1 (and L2, write-through); returns where it went."""
+        """Place `entry` in L1 (and L2, write-through); returns where it went. A KV block goes to L2 alone
+        when L2 takes values its size (the block pool is where KV lives, DESIGN.md §1)."""
         meta = entry.meta
         placed: list[Tier] = []
+        if meta.kind == "kv_block" and self.l2 is not None and len(entry.blob) <= self.l2.max_value_bytes:
+            to_l1 = False
+            to_l2 = to_l2 and meta.key not in self.l2
         ttl = meta.remaining_ttl_ms(self.wall_ms())
         if (ttl is not None and ttl <= 0) or self._fenced(entry):
             return ()
@@ -189,6 +193,12 @@ class TierReads:
             _, entry = await self._l3_call(self.l3.get, key, self.wall_ms())
             meta = None if entry is None else entry.meta
         return meta
+
+    def _touch_local(self, key: str) -> None:
+        """Count a use of `key` in the tier holding it (recency), without reading it."""
+        if self.l2 is not None and self.l2.touch(key):
+            return
+        self.l1.touch(key)
 
     def _drop_local(self, key: str, reason: str) -> bool:
         dropped = self.l1.remove(key, reason)

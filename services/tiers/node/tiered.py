@@ -41,7 +41,7 @@ from services.tiers.node.plan import Lookup, Query
 from services.tiers.node.reads import TierReads
 from services.tiers.ports import L3Rejected
 
-__all__ = ["L3Unavailable", "Lookup", "PutResult", "Query", "TieredCache"]
+__all__ = ["BlockPut", "L3Unavailable", "Lookup", "PutResult", "Query", "TieredCache"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,13 @@ class CommandReport:
     from_peers: int = 0
     from_l3: int = 0
     dropped: int = 0  # an eviction command
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPut:
+    key: str
+    status: str  # "stored" or "present" (held here already)
+    tiers: tuple[Tier, ...]
 
 
 class L3Unavailable(RuntimeError):
@@ -122,6 +129,28 @@ class TieredCache(TierReads):
             )
         )
         return PutResult(meta.key, len(blob), tiers, persisted, tuple(sorted(dropped)), now)
+
+    async def put_blocks(self, items: list[tuple[EntryMeta, bytes]]) -> list[BlockPut]:
+        """KV blocks under content keys (cachemesh_client/kvkeys.py): a key names its bytes, so a block
+        this node holds already is left as it is, and a new one goes to L3 and L2 without invalidating
+        anything (a block under the same key elsewhere is the same block). A block is still cached when
+        L3 cannot take it now (it is written behind, or not at all: a cache may forget a block)."""
+        out = []
+        for meta, blob in items:
+            if self.holds_exact(meta.key, meta.model):
+                self._touch_local(meta.key)
+                out.append(BlockPut(meta.key, "present", ()))
+                continue
+            now = self.wall_ms()
+            entry = Entry(replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob)), blob)
+            try:
+                persisted = await self._persist(entry)
+            except (L3Unavailable, L3Rejected):
+                persisted = False
+            tiers = self._admit(entry)
+            self.counters.puts += 1
+            out.append(BlockPut(meta.key, "stored", (*tiers, "l3") if persisted else tiers))
+        return out
 
     def _stale_neighbours(
         self, embedding: npt.ArrayLike, threshold: float, text: str | None, model: str | None
