@@ -26,6 +26,7 @@ def connector_config(
     model: str,
     token: str | None = None,
     timeout_ms: int | None = None,
+    lookup_timeout_ms: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """`--kv-transfer-config` for cachemesh's connector (client/cachemesh_client/vllm.py): a load that
@@ -34,7 +35,9 @@ def connector_config(
     if token is not None:
         config["token"] = token
     if timeout_ms is not None:
-        config["timeout_ms"] = timeout_ms
+        config["load_timeout_ms"] = timeout_ms
+    if lookup_timeout_ms is not None:
+        config["lookup_timeout_ms"] = lookup_timeout_ms
     config.update(extra or {})
     return {
         "kv_connector": "CachemeshConnector",
@@ -148,6 +151,10 @@ class VllmServer(ManagedServer):
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
             "VLLM_CPU_KVCACHE_SPACE": "1",
+            # Every engine computes on the same core(s): vLLM's automatic binding gives the first engine
+            # one core and a second both, and a different thread count sums bf16 in another order
+            # (random weights: greedy tokens can flip between engines).
+            "VLLM_CPU_OMP_THREADS_BIND": str(max(os.sched_getaffinity(0))),
             "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
             "VLLM_NO_USAGE_STATS": "1",
             "VLLM_LOGGING_LEVEL": "INFO",

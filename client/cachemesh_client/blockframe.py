@@ -49,16 +49,21 @@ class FetchedBlock:
         return self.status == "hit"
 
 
-def encode_blocks(blocks: Iterable[FetchedBlock]) -> bytes:
+def frame_parts(blocks: Iterable[FetchedBlock]) -> list[bytes | memoryview]:
+    """The frame as a list of buffers, the values not copied (to send them one after another)."""
     items = list(blocks)
     parts: list[bytes | memoryview] = [_HEAD.pack(MAGIC, VERSION, len(items))]
     for b in items:
         key = b.key.encode()
-        parts.append(_RECORD_KEY.pack(len(key)))
-        parts.append(key)
-        parts.append(_RECORD_TAIL.pack(_STATUS.index(b.status), _TIERS.index(b.tier), len(b.value)))
-        parts.append(b.value)
-    return b"".join(parts)
+        tail = _RECORD_TAIL.pack(_STATUS.index(b.status), _TIERS.index(b.tier), len(b.value))
+        parts.append(b"".join((_RECORD_KEY.pack(len(key)), key, tail)))
+        if len(b.value):
+            parts.append(b.value)
+    return parts
+
+
+def encode_blocks(blocks: Iterable[FetchedBlock]) -> bytes:
+    return b"".join(frame_parts(blocks))
 
 
 def parse_blocks(data: bytes | memoryview, *, copy: bool = True) -> list[FetchedBlock]:

@@ -30,11 +30,10 @@ import queue
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import numpy as np
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -44,9 +43,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-from cachemesh_client.blockframe import FetchedBlock, FrameError, encode_blocks, parse_blocks
+from cachemesh_client.blockframe import MEDIA_TYPE, FetchedBlock, encode_blocks
+from cachemesh_client.bulk import NodeError, NodeLink
+from cachemesh_client.kvload import BlockLoader, LoadStopped
 from cachemesh_client.kvplan import BlockCopy, Planner
-from cachemesh_client.valuecodec import CodecError, DType, decode, encode_parts
+from cachemesh_client.valuecodec import CodecError, DType, ValueHeader, encode_parts
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -133,11 +134,15 @@ class ConnectorConfig:
         if not extra.get("url"):
             raise ValueError("kv_connector_extra_config needs `url`, the tier node's API")
         known = {k: extra[k] for k in cls.__dataclass_fields__ if k in extra}
+        unknown = sorted(set(extra) - set(known))
+        if unknown:
+            log.warning(
+                "cachemesh connector: unknown extra config %s (known: %s)",
+                unknown,
+                list(cls.__dataclass_fields__),
+            )
         known.setdefault("model", served_model)
         return cls(**known)
-
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
 
 class _Breaker:
@@ -165,10 +170,8 @@ class CachemeshConnector(KVConnectorBase_V1):
         self.config = ConnectorConfig.from_extra(extra, served_name)
         self.block_size = vllm_config.cache_config.block_size
         self._breaker = _Breaker(self.config.retry_ms)
-        self._http = httpx.Client(
-            base_url=self.config.url,
-            headers=self.config.headers(),
-            timeout=httpx.Timeout(self.config.load_timeout_ms / 1000),
+        self._link = NodeLink(
+            self.config.url, token=self.config.token, timeout_s=self.config.load_timeout_ms / 1000
         )
         # scheduler side
         self.planner = Planner(model=self.config.model, block_size=self.block_size)
@@ -179,6 +182,7 @@ class CachemeshConnector(KVConnectorBase_V1):
         self._stats_lock = threading.Lock()  # the saver thread counts too
         self._block_shape: tuple[int, ...] = ()
         self._saver: _Saver | None = None
+        self._loader: BlockLoader | None = None
         log.info("cachemesh connector (%s) for model %r at %s", role.name, self.config.model, self.config.url)
 
     # --- scheduler side -------------------------------------------------------------------------
@@ -199,14 +203,13 @@ class CachemeshConnector(KVConnectorBase_V1):
         if not self._breaker.allow():
             return 0
         try:
-            response = self._http.post(
+            answer = self._link.post_json(
                 "/v1/prefix",
-                json={"keys": keys, "model": self.config.model},
-                timeout=self.config.lookup_timeout_ms / 1000,
+                {"keys": keys, "model": self.config.model},
+                timeout_s=self.config.lookup_timeout_ms / 1000,
             )
-            response.raise_for_status()
-            return int(response.json()["prefix_blocks"])
-        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            return int(answer["prefix_blocks"])
+        except (NodeError, ValueError, KeyError, TypeError) as exc:
             self._breaker.failed()
             log.warning("cachemesh prefix lookup failed (%r); computing without it", exc)
             return 0
@@ -252,6 +255,10 @@ class CachemeshConnector(KVConnectorBase_V1):
             self._layers = []
             return
         self._block_shape = (len(self._layers), *first.shape[1:])
+        block_bytes = first[0].numel() * first.element_size() * len(self._layers) + 512
+        self._loader = BlockLoader(
+            self.config.url, model=self.config.model, token=self.config.token, block_bytes=block_bytes
+        )
         self._saver = _Saver(self.config, self._count)
         log.info(
             "cachemesh connector: %d layers, block %s %s", len(self._layers), self._block_shape, first.dtype
@@ -267,45 +274,22 @@ class CachemeshConnector(KVConnectorBase_V1):
             self._load(copies)
 
     def _load(self, copies: list[BlockCopy]) -> None:
-        deadline = time.monotonic() + self.config.load_timeout_ms / 1000
-        wanted = {c.key: c for c in copies}
+        assert self._loader is not None
         try:
-            for block in self._fetch([c.key for c in copies], deadline):
-                copy = wanted.get(block.key)
-                if copy is not None and block.hit:
-                    self._place(copy, block.value)
-                    del wanted[block.key]  # only once it is in paged memory
-        except (httpx.HTTPError, FrameError, CodecError, ValueError, TimeoutError) as exc:
-            log.warning("cachemesh load failed (%r): vLLM recomputes those blocks", exc)
-        if wanted:
-            self._fail(list(wanted.values()), "not loaded")
-        self._count("blocks_loaded", len(copies) - len(wanted))
-
-    def _fetch(self, keys: list[str], deadline: float) -> Iterable[FetchedBlock]:
-        """Every block of `keys` the node answers, in as many calls as its byte budget takes; stops at
-        the first miss (the blocks after it are of no use)."""
-        todo = keys
-        while todo:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"{len(todo)} blocks left at the load deadline")
-            response = self._http.post(
-                "/v1/blocks/fetch", json={"keys": todo, "model": self.config.model}, timeout=left
+            placed = self._loader.load(
+                [c.key for c in copies],
+                lambda i, _, array: self._place(copies[i], array),
+                check=lambda i, header: self._check(copies[i], header),
+                timeout_s=self.config.load_timeout_ms / 1000,
             )
-            response.raise_for_status()
-            blocks = parse_blocks(response.content, copy=False)
-            got = 0
-            for block in blocks:
-                if block.status != "hit":
-                    break
-                got += 1
-                yield block
-            if got == 0 or (got < len(blocks) and blocks[got].status == "miss"):
-                return
-            todo = todo[got:]
+        except LoadStopped as exc:
+            placed = int(exc.args[1])
+            log.warning("cachemesh load stopped (%s): vLLM recomputes from there", exc.args[0])
+        if placed < len(copies):
+            self._fail(copies[placed:], "not loaded")
+        self._count("blocks_loaded", placed)
 
-    def _place(self, copy: BlockCopy, value: bytes | memoryview) -> None:
-        header, array = decode(value)
+    def _check(self, copy: BlockCopy, header: ValueHeader) -> None:
         first = self._layers[0]
         want_range = (copy.index * self.block_size, (copy.index + 1) * self.block_size)
         if (
@@ -319,6 +303,9 @@ class CachemeshConnector(KVConnectorBase_V1):
                 f"block {copy.key} is {header.model}/{header.dtype.name}/{header.shape}/{header.token_range}"
                 f", not {self.config.model}/{first.dtype}/{self._block_shape}/{want_range}"
             )
+
+    def _place(self, copy: BlockCopy, array: np.ndarray) -> None:
+        first = self._layers[0]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: only read from here
             data = torch.from_numpy(array).view(first.dtype)
@@ -382,7 +369,9 @@ class CachemeshConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self._saver is not None:
             self._saver.close()
-        self._http.close()
+        if self._loader is not None:
+            self._loader.close()
+        self._link.close()
 
 
 class _Saver:
@@ -395,7 +384,7 @@ class _Saver:
         self._queue: queue.Queue[tuple[list[BlockCopy], torch.Tensor] | None] = queue.Queue()
         self._waiting = 0
         self._lock = threading.Lock()
-        self._http = httpx.Client(base_url=config.url, headers=config.headers(), timeout=30.0)
+        self._link = NodeLink(config.url, token=config.token, timeout_s=30.0)
         self._thread = threading.Thread(target=self._run, name="cachemesh-saver", daemon=True)
         self._thread.start()
 
@@ -444,15 +433,10 @@ class _Saver:
             self._post(batch)
 
     def _post(self, batch: list[FetchedBlock]) -> None:
-        response = self._http.post(
-            "/v1/blocks/put",
-            content=encode_blocks(batch),
-            headers={"Content-Type": "application/x-cachemesh-blocks"},
-        )
-        response.raise_for_status()
+        self._link.post("/v1/blocks/put", encode_blocks(batch), MEDIA_TYPE)
         self._count("blocks_saved", len(batch))
 
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=10)
-        self._http.close()
+        self._link.close()

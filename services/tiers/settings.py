@@ -57,8 +57,9 @@ class TiersSettings(ServiceSettings):
     l1_max_entries: Annotated[int, Field(gt=0)] = 100_000
     # L2 block pool: 16 KB pages (CuPy device memory on a GPU, host memory otherwise); 0 disables L2.
     l2_pages: Annotated[int, Field(ge=0)] = 4096
-    # Values above this stay out of L2 (they would take many 2 KB blocks).
-    l2_max_value_bytes: Annotated[int, Field(gt=0)] = 256 * 1024
+    # Values above this stay out of L2. Values above a page (16 KB) take one run of whole pages, so a
+    # KV block is one copy in and out.
+    l2_max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20
     # --- L2 shared between nodes (block server + peers) ---------------------------------------
     # Every node serves its L2 pool (read-only) on this address; 0 picks a free port (tests, several
     # nodes on one machine); /v1/stats and /healthz report the one in use.

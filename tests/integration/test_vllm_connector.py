@@ -31,6 +31,9 @@ from tests.integration.nodes import running
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
+# The nodes here share the test's event loop (and two cores with the engines): more than the 300 ms a
+# dedicated node is given, so that a lookup is not given up on while another node writes.
+LOOKUP_MS = 3_000
 
 
 def node_settings_for(kafka, pg_settings, namespace: str, node: str, **kw: object) -> TiersSettings:  # type: ignore[no-untyped-def]
@@ -65,7 +68,7 @@ async def node(kafka, postgres, module_namespace) -> AsyncIterator[TiersService]
 
 @pytest.fixture(scope="module")
 async def engines(node: TiersService) -> AsyncIterator[tuple[VllmServer, VllmServer]]:
-    config = connector_config(node.api_url, model="cachemesh-tiny")
+    config = connector_config(node.api_url, model="cachemesh-tiny", lookup_timeout_ms=LOOKUP_MS)
     a, b = VllmServer(kv_blocks=128, connector=config), VllmServer(kv_blocks=128, connector=config)
     try:
         # Started from a thread: the node shares this event loop and must go on answering (and
@@ -239,7 +242,10 @@ async def test_blocks_the_node_cannot_send_are_recomputed(kafka, node, engines, 
     # cannot send it.
     tight = node_settings_for(kafka, node.pg_settings, module_namespace, "tight", max_request_bytes=4096)  # type: ignore[attr-defined]
     async with running(tight) as narrow:
-        lone = VllmServer(kv_blocks=64, connector=connector_config(narrow.api_url, model="cachemesh-tiny"))
+        lone = VllmServer(
+            kv_blocks=64,
+            connector=connector_config(narrow.api_url, model="cachemesh-tiny", lookup_timeout_ms=LOOKUP_MS),
+        )
         await asyncio.to_thread(lone.start)
         try:
             assert await held(narrow, q) == 3

@@ -8,7 +8,17 @@ from cachemesh_client.blockframe import (
     FetchedBlock,
     FrameError,
     encode_blocks,
+    frame_parts,
     parse_blocks,
 )
 
-__all__ = ["MAGIC", "MEDIA_TYPE", "VERSION", "FetchedBlock", "FrameError", "encode_blocks", "parse_blocks"]
+__all__ = [
+    "MAGIC",
+    "MEDIA_TYPE",
+    "VERSION",
+    "FetchedBlock",
+    "FrameError",
+    "encode_blocks",
+    "frame_parts",
+    "parse_blocks",
+]

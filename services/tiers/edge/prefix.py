@@ -16,14 +16,32 @@ from typing import Any
 
 from cachemesh_client.kvkeys import KEY_PREFIX
 from fastapi import APIRouter, HTTPException, Request, Response
+from starlette.types import Receive, Scope, Send
 
 from services.tiers.codec import CodecError
-from services.tiers.edge.blockframe import MEDIA_TYPE, FetchedBlock, FrameError, encode_blocks, parse_blocks
+from services.tiers.edge.blockframe import MEDIA_TYPE, FetchedBlock, FrameError, frame_parts, parse_blocks
 from services.tiers.edge.models import BlocksPutOut, FetchBody, PrefixBody, PrefixOut
 from services.tiers.entry import EntryMeta, decode_value
 from services.tiers.node.plan import Lookup, Query
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
+
+
+class FrameResponse(Response):
+    """A block frame sent part by part: 64 KV blocks are 17 MB that joining would copy once more."""
+
+    media_type = MEDIA_TYPE
+
+    def __init__(self, parts: list[bytes | memoryview]) -> None:
+        super().__init__(media_type=MEDIA_TYPE)
+        self.parts = parts
+        self.headers["content-length"] = str(sum(len(p) for p in parts))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        for part in self.parts:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def longest_prefix(results: list[Lookup]) -> int:
@@ -46,11 +64,16 @@ def prefix_router(cache: TieredCache, settings: TiersSettings) -> APIRouter:
     )
     async def prefix(body: PrefixBody) -> dict[str, Any]:
         check_size(body.keys)
-        # One batched walk of every tier (peers and L3 included) for the whole chain.
-        results = await cache.get_many([Query(key=k, model=body.model) for k in body.keys])
-        n = longest_prefix(results)
-        blocks = []
-        for key, result in zip(body.keys[:n], results[:n], strict=True):
+        # What this node's memory holds is answered from its descriptors; the rest (peers, L3) by one
+        # batched walk of the remaining tiers.
+        local = cache.held_locally(body.keys, body.model)
+        blocks = [
+            {"key": k, "tier": tier, "node": cache.node_id, "remote": False, "size_bytes": size}
+            for k, (tier, size) in zip(body.keys, local, strict=False)
+        ]
+        rest = body.keys[len(local) :]
+        results = await cache.get_many([Query(key=k, model=body.model) for k in rest]) if rest else []
+        for key, result in zip(rest[: longest_prefix(results)], results, strict=False):
             assert result.entry is not None
             blocks.append(
                 {
@@ -61,6 +84,7 @@ def prefix_router(cache: TieredCache, settings: TiersSettings) -> APIRouter:
                     "size_bytes": len(result.entry.blob),
                 }
             )
+        n = len(blocks)
         return {
             "requested": len(body.keys),
             "prefix_blocks": n,
@@ -89,7 +113,7 @@ def prefix_router(cache: TieredCache, settings: TiersSettings) -> APIRouter:
             else:
                 budget -= len(result.entry.blob)
                 out.append(FetchedBlock(key, "hit", result.tier, result.entry.blob))
-        return Response(encode_blocks(out), media_type=MEDIA_TYPE)
+        return FrameResponse(frame_parts(out))
 
     @router.post(
         "/blocks/put",

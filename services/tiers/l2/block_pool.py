@@ -1,5 +1,7 @@
 """The L2 block pool (seed §3.2, DESIGN.md §3): one contiguous buffer of 16 KB pages, each page carved
-into blocks of a single class (256 B, 512 B or 2 KB) chosen by payload size.
+into blocks of a single class (256 B, 512 B or 2 KB) chosen by payload size, and payloads larger than
+a page (KV blocks: a 32-token block of an 8-head, 4-layer model is 256 KB) in one block spanning a run
+of whole pages, read and written in one copy.
 
 Blocks carry a reference count and a last-use time and move Allocated -> Active (acquired) -> Inactive
 (no references for `inactive_after_ms`) -> reclaimed, least recently used first, when an allocation
@@ -25,6 +27,7 @@ BLOCK_CLASSES = (256, 512, 2048)
 UNIT_BYTES = BLOCK_CLASSES[0]  # block id = byte offset // UNIT_BYTES
 UNITS_PER_PAGE = PAGE_BYTES // UNIT_BYTES
 MAX_BLOCK_BYTES = BLOCK_CLASSES[-1]
+RUN_CLASS = PAGE_BYTES  # the class of pages in a run (a block of whole pages)
 DEFAULT_INACTIVE_AFTER_MS = 1_000
 
 
@@ -33,6 +36,10 @@ class BlockState(IntEnum):
     ALLOCATED = 1  # handed out, never acquired
     ACTIVE = 2  # acquired at least once; stays Active until unreferenced for the timeout
     INACTIVE = 3  # refs == 0 for inactive_after_ms: data still valid, first in line to be reclaimed
+
+
+_FREE = int(BlockState.FREE)
+_ACTIVE = int(BlockState.ACTIVE)
 
 
 class PoolExhausted(MemoryError):
@@ -175,9 +182,12 @@ class BlockPool:
         return block
 
     def allocate_span(self, nbytes: int) -> list[int]:
-        """Blocks for a payload larger than one block: full 2 KB blocks, then the smallest tail."""
+        """Blocks for a payload larger than one block: one run of whole pages above a page, else full
+        2 KB blocks, then the smallest tail."""
         if nbytes <= MAX_BLOCK_BYTES:
             return [self.allocate(nbytes)]
+        if nbytes > PAGE_BYTES:
+            return [self.allocate_run(nbytes)]
         sizes = [MAX_BLOCK_BYTES] * (nbytes // MAX_BLOCK_BYTES)
         if nbytes % MAX_BLOCK_BYTES:
             sizes.append(nbytes % MAX_BLOCK_BYTES)
@@ -191,6 +201,42 @@ class BlockPool:
             raise
         return blocks
 
+    def allocate_run(self, nbytes: int) -> int:
+        """One block of consecutive whole pages holding `nbytes` (lowest address first); reclaims
+        Inactive blocks (LRU first) until such a run is free."""
+        n = max(1, -(-nbytes // PAGE_BYTES))
+        first = self._free_run_of(n)
+        if first < 0:
+            self.sweep()
+            for b in self.inactive_lru().tolist():
+                self._release_block(b)
+                first = self._free_run_of(n)
+                if first >= 0:
+                    break
+        if first < 0:
+            raise PoolExhausted(
+                f"no run of {n} free pages for {nbytes} bytes: {self.free_bytes} bytes free "
+                f"(largest run {self.largest_free_run()}), nothing Inactive to reclaim"
+            )
+        self._page_cls[first : first + n] = RUN_CLASS
+        self._page_used[first : first + n] = 1
+        block = first * UNITS_PER_PAGE
+        self._cap[block] = n * PAGE_BYTES
+        self._unit_free[block : block + n * UNITS_PER_PAGE] = False
+        self._state[block] = BlockState.ALLOCATED
+        self._refs[block] = 0
+        self._len[block] = nbytes
+        self._last[block] = self.clock()
+        return block
+
+    def _free_run_of(self, n: int) -> int:
+        """The first page of the lowest run of `n` uncarved pages, or -1."""
+        free = self._page_cls == 0
+        edges = np.diff(np.concatenate(([0], free.view(np.int8), [0])))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        fits = np.flatnonzero(ends - starts >= n)
+        return int(starts[fits[0]]) if len(fits) else -1
+
     def _take(self, cls: int) -> int:
         heap = self._partial[cls]
         while heap:
@@ -203,9 +249,14 @@ class BlockPool:
             if not free:
                 heapq.heappop(heap)
             return block
-        if not self._free_pages:
+        page = -1
+        while self._free_pages:
+            candidate = heapq.heappop(self._free_pages)
+            if self._page_cls[candidate] == 0:  # not taken by a run (or carved) since it was freed
+                page = candidate
+                break
+        if page < 0:
             return -1
-        page = heapq.heappop(self._free_pages)
         self._page_cls[page] = cls
         step = cls // UNIT_BYTES
         first = page * UNITS_PER_PAGE
@@ -222,6 +273,14 @@ class BlockPool:
         self._refs[block] = 0
         self._len[block] = 0
         page = block // UNITS_PER_PAGE
+        if cls > MAX_BLOCK_BYTES:  # a run: every page of it is free again
+            n = cls // PAGE_BYTES
+            self._cap[block] = 0
+            self._page_cls[page : page + n] = 0
+            self._page_used[page : page + n] = 0
+            for p in range(page, page + n):
+                heapq.heappush(self._free_pages, p)
+            return
         self._page_used[page] -= 1
         if self._page_used[page] == 0:
             # Whole page free again: give it back so any class can carve it.
@@ -237,9 +296,10 @@ class BlockPool:
             heapq.heappush(self._partial[cls], page)
 
     def _check(self, block: int) -> None:
-        if not (0 <= block < len(self._cap)) or self._cap[block] == 0:
+        # Plain ints: comparing numpy scalars with the IntEnum costs more than the rest of a read.
+        if not (0 <= block < len(self._cap)) or int(self._cap[block]) == 0:
             raise BlockStateError(f"{block} is not a block id")
-        if self._state[block] == BlockState.FREE:
+        if int(self._state[block]) == _FREE:
             raise BlockStateError(f"block {block} is free")
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -248,7 +308,7 @@ class BlockPool:
         """Take a reference: the block is Active (an Inactive block not yet reclaimed revives)."""
         self._check(block)
         self._refs[block] += 1
-        self._state[block] = BlockState.ACTIVE
+        self._state[block] = _ACTIVE
         self._last[block] = self.clock()
 
     def release(self, block: int) -> None:
@@ -375,6 +435,6 @@ class BlockPool:
             payload_bytes=int(self._len[live].sum()),
             largest_free_run=self.largest_free_run(),
             fragmentation=self.fragmentation(),
-            free_pages=len(self._free_pages),
+            free_pages=int((self._page_cls == 0).sum()),
             blocks_by_state={s.name: int((states == s).sum()) for s in BlockState if s != BlockState.FREE},
         )

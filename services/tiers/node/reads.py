@@ -186,6 +186,24 @@ class TierReads:
         ttl = meta.remaining_ttl_ms(self.wall_ms())
         return ttl is None or ttl > 0
 
+    def held_locally(self, keys: Sequence[str], model: str | None = None) -> list[tuple[Tier, int]]:
+        """(tier, size in bytes) of each leading key of `keys` this node's memory holds live, up to the
+        first it does not: a prefix answered without reading a value (a KV block is 256 KB)."""
+        out: list[tuple[Tier, int]] = []
+        for key in keys:
+            cached = self.l1.peek(key)
+            tier: Tier = "l1"
+            meta = None if cached is None else cached.meta
+            if meta is None and self.l2 is not None:
+                meta, tier = self.l2.peek_meta(key), "l2"
+            if meta is None or (model is not None and meta.model != model):
+                break
+            ttl = meta.remaining_ttl_ms(self.wall_ms())
+            if ttl is not None and ttl <= 0:
+                break
+            out.append((tier, meta.size_bytes))
+        return out
+
     async def entry_meta(self, key: str) -> EntryMeta | None:
         """The descriptor facts under `key`, from this node's tiers or else L3; no access is counted."""
         meta = self._local_meta(key)

@@ -298,3 +298,36 @@ def test_cupy_pool_matches_numpy_reference() -> None:
         assert pools[0].read_bytes(b) == pools[1].read_bytes(b)
         assert isinstance(pools[1].read(b), cupy.ndarray)
     assert pools[0].stats() == pools[1].stats()
+
+
+def test_a_payload_over_a_page_takes_one_run_of_whole_pages() -> None:
+    pool, _ = make_pool(n_pages=8)
+    small = pool.allocate(300)  # carves page 0
+    (run,) = pool.allocate_span(3 * PAGE_BYTES + 10)
+    assert run == 1 * PAGE_BYTES // UNIT_BYTES and pool.info(run).capacity == 4 * PAGE_BYTES
+    data = np.arange(3 * PAGE_BYTES + 10, dtype=np.uint32).astype(np.uint8)
+    pool.write(run, data)
+    assert np.array_equal(pool.read(run), data)
+    assert pool.stats().free_pages == 3
+    # A second run does not fit in three free pages; small blocks still do, and the run's pages come
+    # back whole when it is freed.
+    with pytest.raises(PoolExhausted, match="no run of 4 free pages"):
+        pool.allocate_run(4 * PAGE_BYTES)
+    pool.allocate(2048)
+    pool.free(run)
+    assert pool.stats().free_pages >= 4
+    assert pool.allocate_run(4 * PAGE_BYTES) == run
+    pool.free(small)
+
+
+def test_a_run_reclaims_inactive_blocks_oldest_first() -> None:
+    pool, clock = make_pool(n_pages=4, inactive_after_ms=100)
+    a = pool.allocate_run(2 * PAGE_BYTES)
+    b = pool.allocate_run(2 * PAGE_BYTES)
+    clock.now += 50
+    pool.acquire(b)
+    pool.release(b)  # b used more recently
+    clock.now += 100
+    c = pool.allocate_run(2 * PAGE_BYTES)
+    assert c == a and pool.is_live(b)  # a, the least recently used, made room; b stayed
+    assert pool.info(c).state == BlockState.ALLOCATED
