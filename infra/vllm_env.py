@@ -61,7 +61,11 @@ class ModelShape:
 # The tests' model (starts fast, small KV) and the bench's (a prefill cost that shows).
 TINY = ModelShape("cachemesh-tiny", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256)
 SMALL = ModelShape("cachemesh-small", hidden=512, layers=4, heads=8, kv_heads=8, intermediate=1376)
-SHAPES = {s.name: s for s in (TINY, SMALL)}
+# The tests' model with other weights under the same name (a new revision deployed under the old name).
+TINY_REVISED = ModelShape(
+    "cachemesh-tiny", hidden=128, layers=2, heads=4, kv_heads=2, intermediate=256, seed=1
+)
+BUILT = (TINY, TINY_REVISED, SMALL)
 
 
 def vllm_root() -> Path:
@@ -203,7 +207,7 @@ def main() -> None:
         print(f"vLLM skipped: {reason}; the tests marked `vllm` will skip with this reason")
         return
     ensure_vllm()
-    for shape in SHAPES.values():
+    for shape in BUILT:
         ensure_model(shape)
 
 

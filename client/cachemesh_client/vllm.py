@@ -25,6 +25,8 @@ sent by a background thread: the forward pass never waits on the network.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import queue
 import threading
@@ -32,6 +34,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -159,6 +162,36 @@ class _Breaker:
         self.until = time.monotonic() + self.retry_s
 
 
+_WEIGHT_FILES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+_SAMPLE_BYTES = 1 << 20
+
+
+def weights_fingerprint(model: str, revision: str | None, config_json: str) -> str:
+    """12 hex digits that change when the weights served under a name change: sha256 over the model's
+    config and, for a local directory (or the Hugging Face cache's copy), each weight file's name, size
+    and 1 MiB read at its start, middle and end (every tensor of a fine-tune moves; reading a whole
+    16 GB model at start-up would not do). Two copies of one model agree; another revision does not."""
+    h = hashlib.sha256(config_json.encode())
+    h.update((revision or "").encode())
+    directory = Path(model)
+    if not directory.is_dir():
+        with contextlib.suppress(Exception):  # a hub id: the local snapshot, if there is one
+            from huggingface_hub import snapshot_download
+
+            directory = Path(snapshot_download(model, revision=revision, local_files_only=True))
+    if directory.is_dir():
+        for path in sorted(p for p in directory.rglob("*") if p.suffix in _WEIGHT_FILES):
+            size = path.stat().st_size
+            h.update(f"{path.relative_to(directory)}:{size}".encode())
+            with open(path, "rb") as f:
+                for offset in sorted(
+                    {0, max(0, size // 2 - _SAMPLE_BYTES // 2), max(0, size - _SAMPLE_BYTES)}
+                ):
+                    f.seek(offset)
+                    h.update(f.read(_SAMPLE_BYTES))
+    return h.hexdigest()[:12]
+
+
 class CachemeshConnector(KVConnectorBase_V1):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
@@ -169,6 +202,12 @@ class CachemeshConnector(KVConnectorBase_V1):
         extra = self._kv_transfer_config.kv_connector_extra_config or {}
         self.config = ConnectorConfig.from_extra(extra, served_name)
         self.block_size = vllm_config.cache_config.block_size
+        # Keys name the model as the bridge and the gateway do; the blocks themselves are tagged with
+        # the weights too: another revision served under the same name never loads them (a lookup for
+        # this tag misses them, and its own blocks replace them as they are saved).
+        mc = vllm_config.model_config
+        fingerprint = weights_fingerprint(mc.model, mc.revision, mc.hf_config.to_json_string())
+        self.tag = f"{self.config.model}#{fingerprint}"
         self._breaker = _Breaker(self.config.retry_ms)
         self._link = NodeLink(
             self.config.url, token=self.config.token, timeout_s=self.config.load_timeout_ms / 1000
@@ -183,7 +222,7 @@ class CachemeshConnector(KVConnectorBase_V1):
         self._block_shape: tuple[int, ...] = ()
         self._saver: _Saver | None = None
         self._loader: BlockLoader | None = None
-        log.info("cachemesh connector (%s) for model %r at %s", role.name, self.config.model, self.config.url)
+        log.info("cachemesh connector (%s) for %s at %s", role.name, self.tag, self.config.url)
 
     # --- scheduler side -------------------------------------------------------------------------
 
@@ -205,7 +244,7 @@ class CachemeshConnector(KVConnectorBase_V1):
         try:
             answer = self._link.post_json(
                 "/v1/prefix",
-                {"keys": keys, "model": self.config.model},
+                {"keys": keys, "model": self.tag},
                 timeout_s=self.config.lookup_timeout_ms / 1000,
             )
             return int(answer["prefix_blocks"])
@@ -257,9 +296,9 @@ class CachemeshConnector(KVConnectorBase_V1):
         self._block_shape = (len(self._layers), *first.shape[1:])
         block_bytes = first[0].numel() * first.element_size() * len(self._layers) + 512
         self._loader = BlockLoader(
-            self.config.url, model=self.config.model, token=self.config.token, block_bytes=block_bytes
+            self.config.url, model=self.tag, token=self.config.token, block_bytes=block_bytes
         )
-        self._saver = _Saver(self.config, self._count)
+        self._saver = _Saver(self.config, self.tag, self._count)
         log.info(
             "cachemesh connector: %d layers, block %s %s", len(self._layers), self._block_shape, first.dtype
         )
@@ -294,14 +333,14 @@ class CachemeshConnector(KVConnectorBase_V1):
         want_range = (copy.index * self.block_size, (copy.index + 1) * self.block_size)
         if (
             header.kind != "kv_block"
-            or header.model != self.config.model
+            or header.model != self.tag
             or header.dtype != _WIRE_DTYPE[first.dtype]
             or tuple(header.shape) != self._block_shape
             or header.token_range != want_range
         ):
             raise CodecError(
                 f"block {copy.key} is {header.model}/{header.dtype.name}/{header.shape}/{header.token_range}"
-                f", not {self.config.model}/{first.dtype}/{self._block_shape}/{want_range}"
+                f", not {self.tag}/{first.dtype}/{self._block_shape}/{want_range}"
             )
 
     def _place(self, copy: BlockCopy, array: np.ndarray) -> None:
@@ -378,8 +417,9 @@ class _Saver:
     """Sends saved blocks to the node from a thread of its own; when the node falls behind, the oldest
     waiting blocks are dropped (and counted): a cache may miss, an engine must not wait."""
 
-    def __init__(self, config: ConnectorConfig, count: Any) -> None:
+    def __init__(self, config: ConnectorConfig, tag: str, count: Any) -> None:
         self.config = config
+        self.tag = tag
         self._count = count
         self._queue: queue.Queue[tuple[list[BlockCopy], torch.Tensor] | None] = queue.Queue()
         self._waiting = 0
@@ -418,7 +458,7 @@ class _Saver:
             header, payload = encode_parts(
                 np.ascontiguousarray(bits[i]),
                 kind="kv_block",
-                model=self.config.model,
+                model=self.tag,
                 layer_range=(0, bits.shape[1]),
                 token_range=(copy.index * size, (copy.index + 1) * size),
                 dtype=_WIRE_DTYPE[dtype],

@@ -2,7 +2,8 @@
 prompt whose prefix only the first computed, loading the blocks from the tier node, with greedy output
 identical to a cold run; an engine reloads its own prefix after `reset_prefix_cache`; and a node that is
 down, one that never answers, a block of another shape, and blocks the node cannot send all end in a
-recomputation: the request succeeds, the output is the cold one, the error is counted."""
+recomputation: the request succeeds, the output is the cold one, the error is counted. Blocks are
+tagged with the weights: an engine serving other weights under the same name never loads them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from cachemesh_client.kvkeys import block_keys
 
 from infra.paths import LOOPBACK, free_port
 from infra.topics import ensure_topics
+from infra.vllm_env import TINY_REVISED
 from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
 from services.tiers import codec
 from services.tiers.service import TiersService
@@ -253,3 +255,51 @@ async def test_blocks_the_node_cannot_send_are_recomputed(kafka, node, engines, 
             await counted(lone, "vllm:cachemesh_load_errors_total", 1)
         finally:
             await asyncio.to_thread(lone.stop)
+
+
+async def test_other_weights_under_the_same_name_never_load_the_old_blocks(node, engines) -> None:
+    a, _ = engines
+    rng = random.Random(17)
+    p = prompt(rng, 3)
+    cold_a = await complete(a, p)
+    await saved(node, p)
+    old = await block_tags(node, p)
+    assert len(old) == 1 and next(iter(old)).startswith("cachemesh-tiny#")
+    # The same served name and block keys, other weights (a new revision deployed under the old name).
+    config = connector_config(node.api_url, model="cachemesh-tiny", lookup_timeout_ms=LOOKUP_MS)
+    revised = VllmServer(TINY_REVISED, kv_blocks=64, connector=config)
+    await asyncio.to_thread(revised.start)
+    try:
+        before = await asyncio.to_thread(metric, revised, EXTERNAL_HITS)
+        cold_revised = await complete(revised, p)  # the old weights' blocks are not its blocks
+        assert await asyncio.to_thread(metric, revised, EXTERNAL_HITS) == before
+        assert cold_revised != cold_a, "other weights answer otherwise (or this test shows nothing)"
+        # Its own blocks replace the old ones as they are saved; it then loads its own ...
+        await until_retagged(node, p, old)
+        await asyncio.to_thread(revised.reset_prefix_cache)
+        assert await complete(revised, p) == cold_revised
+        assert await asyncio.to_thread(metric, revised, EXTERNAL_HITS) - before == 3 * BLOCK_SIZE
+    finally:
+        await asyncio.to_thread(revised.stop)
+    # ... and the old weights find nothing of theirs left to load.
+    await asyncio.to_thread(a.reset_prefix_cache)
+    before = await asyncio.to_thread(metric, a, EXTERNAL_HITS)
+    assert await complete(a, p) == cold_a
+    assert await asyncio.to_thread(metric, a, EXTERNAL_HITS) == before
+
+
+async def block_tags(node: TiersService, tokens: list[int]) -> set[str]:
+    """The model tags (name#weights) of the node's blocks of `tokens`."""
+    keys = block_keys(tokens, model="cachemesh-tiny", block_size=BLOCK_SIZE)
+    async with httpx.AsyncClient(base_url=node.api_url) as client:
+        return {codec.decode((await client.get(f"/v1/values/{k}")).content)[0].model for k in keys}
+
+
+async def until_retagged(node: TiersService, tokens: list[int], old: set[str]) -> None:
+    """Until every block of `tokens` on the node is of other weights than `old`."""
+    for _ in range(600):
+        tags = await block_tags(node, tokens)
+        if len(tags) == 1 and not tags & old:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the node's blocks are tagged {tags}, were {old}")

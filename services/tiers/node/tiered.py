@@ -131,10 +131,12 @@ class TieredCache(TierReads):
         return PutResult(meta.key, len(blob), tiers, persisted, tuple(sorted(dropped)), now)
 
     async def put_blocks(self, items: list[tuple[EntryMeta, bytes]]) -> list[BlockPut]:
-        """KV blocks under content keys (cachemesh_client/kvkeys.py): a key names its bytes, so a block
-        this node holds already is left as it is, and a new one goes to L3 and L2 without invalidating
-        anything (a block under the same key elsewhere is the same block). A block is still cached when
-        L3 cannot take it now (it is written behind, or not at all: a cache may forget a block)."""
+        """KV blocks under content keys (cachemesh_client/kvkeys.py): a key and a model (the connector's
+        tag names the weights) name the bytes, so a block this node holds already for that model is left
+        as it is, and a new one goes to L3 and L2, replacing one of other weights under the key, without
+        invalidating anything else (a block under the same key and model elsewhere is the same block).
+        A block is still cached when L3 cannot take it now (written behind, or not at all: a cache may
+        forget a block)."""
         out = []
         for meta, blob in items:
             if self.holds_exact(meta.key, meta.model):
@@ -147,6 +149,7 @@ class TieredCache(TierReads):
                 persisted = await self._persist(entry)
             except (L3Unavailable, L3Rejected):
                 persisted = False
+            self._drop_local(meta.key, "replaced")  # a block of other weights under this key, if any
             tiers = self._admit(entry)
             self.counters.puts += 1
             out.append(BlockPut(meta.key, "stored", (*tiers, "l3") if persisted else tiers))
