@@ -31,7 +31,11 @@ def test_wire_dtypes_match_the_codec() -> None:
 
 # Modules of the package's extras, imported only by those who need them: the value codec (tensors) and
 # the vLLM connector (inside vLLM's venv, which has torch); every other module is httpx and stdlib.
-EXTRA_IMPORTS = {"valuecodec.py": {"numpy"}, "kvload.py": {"numpy"}, "vllm.py": {"numpy", "torch", "vllm"}}
+EXTRA_IMPORTS = {
+    "valuecodec.py": {"numpy"},
+    "kvload.py": {"numpy"},
+    "vllm.py": {"numpy", "torch", "vllm", "huggingface_hub"},
+}
 
 
 def test_the_package_imports_only_httpx_numpy_and_the_standard_library() -> None:
