@@ -66,6 +66,8 @@ RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
 MODES = ("cold", "vllm_prefix", "cachemesh_l2", "cachemesh_l3")
 SUFFIX = 16
+LOAD_ERRORS = "vllm:cachemesh_load_errors_total"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits_total"
 QUIET_S = 0.5
 VOCAB = (10, 2000)
 
@@ -286,9 +288,12 @@ def measure(
 
 
 def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) -> dict[str, Any]:
-    """SIGKILL the tier node while a request loads a 2,048-token prefix; restart it; repeat."""
+    """SIGKILL the tier node while a request loads a 2,048-token prefix; restart it; repeat. Each run is
+    classed by the engine's counters: the kill came before the lookup (nothing loaded, no error), during
+    the load (load errors: vLLM recomputed from the first block missing), or after it."""
     failed = wrong = 0
     kill_after_ms = []
+    landed = {"before_lookup": 0, "mid_load": 0, "after_load": 0}
     for _ in range(runs):
         prefix = [rng.randrange(*VOCAB) for _ in range(2048)]
         tokens = prefix + [rng.randrange(*VOCAB) for _ in range(SUFFIX)]
@@ -296,7 +301,7 @@ def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) ->
         keys = block_keys(prefix, model=engine.model, block_size=BLOCK_SIZE)
         wait_for("saved", lambda keys=keys: len(held_where(node, keys)) == len(keys))
         engine.reset_prefix_cache()
-        delay = rng.uniform(0.0, 0.03)  # the lookup and the load take a few to tens of ms
+        delay = rng.uniform(0.0, 0.04)  # request, lookup and load take about 5-35 ms
         kill_after_ms.append(delay * 1000)
         outcome: dict[str, Any] = {}
 
@@ -306,17 +311,28 @@ def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) ->
             except Exception as exc:
                 outcome["error"] = repr(exc)
 
+        counters = engine.metrics()
         t = threading.Thread(target=request)
         t.start()
         time.sleep(delay)
         node.kill()
         t.join()
+        after = engine.metrics()
+        errors = after.get(LOAD_ERRORS, 0) - counters.get(LOAD_ERRORS, 0)
+        loaded = after.get(EXTERNAL_HITS, 0) - counters.get(EXTERNAL_HITS, 0)
+        landed["mid_load" if errors else "after_load" if loaded else "before_lookup"] += 1
         if "error" in outcome:
             failed += 1
         elif outcome["text"] != cold:
             wrong += 1
         node.start()
-    return {"runs": runs, "failed_requests": failed, "wrong_outputs": wrong, "kill_after_ms": kill_after_ms}
+    return {
+        "runs": runs,
+        "failed_requests": failed,
+        "wrong_outputs": wrong,
+        "kill_landed": landed,
+        "kill_after_ms": kill_after_ms,
+    }
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -348,7 +364,7 @@ def main(
 ) -> None:
     lengths = [int(p) for p in prefixes.split(",")]
     rng = random.Random(seed)
-    console = Console()
+    console = Console(width=160)
     namespace = f"bench{uuid.uuid4().hex[:6]}."
     with (
         broker_from_env() as broker,
@@ -403,12 +419,14 @@ def main(
     console.print(table)
     for r in results:
         console.print(
-            f"{r['prefix_tokens']} tokens, greedy outputs differing from cold: {r['outputs_differing']}"
+            f"{r['prefix_tokens']} tokens, greedy outputs differing from the same engine's cold one: "
+            f"{r['outputs_differing']}"
         )
     if fault is not None:
         console.print(
             f"faults: {fault['runs']} runs, node SIGKILLed mid-load: {fault['failed_requests']} failed "
-            f"requests, {fault['wrong_outputs']} outputs differing from cold"
+            f"requests, {fault['wrong_outputs']} outputs differing from cold; the kill landed "
+            + ", ".join(f"{k.replace('_', ' ')}: {v}" for k, v in fault["kill_landed"].items())
         )
     RESULTS.mkdir(exist_ok=True)
     # One object per prefix length (medians); the fault runs in a file of their own.

@@ -80,7 +80,9 @@ class VllmServer(ManagedServer):
         self.events = events
         self.extra_args = tuple(extra_args)
         self.extra_env = dict(env or {})
-        self.events_port = free_port() if events else None
+        # vLLM binds its PUB socket only to wildcard and ipc endpoints (it connects to the others, and a
+        # bridge bound there heard nothing from `vllm serve` in our trials): a socket file keeps it local.
+        self._events_dir = make_temp_dir("cachemesh-vllm-events-") if events else None
         self.replay_port = free_port() if events else None
         self._model_dir: Path | None = None
 
@@ -95,7 +97,8 @@ class VllmServer(ManagedServer):
 
     @property
     def events_endpoint(self) -> str:
-        return f"tcp://{LOOPBACK}:{self.events_port}"
+        assert self._events_dir is not None, "started without KV events"
+        return f"ipc://{self._events_dir / 'kv-events.sock'}"
 
     @property
     def replay_endpoint(self) -> str:
@@ -133,7 +136,7 @@ class VllmServer(ManagedServer):
                     {
                         "enable_kv_cache_events": True,
                         "publisher": "zmq",
-                        "endpoint": f"tcp://{LOOPBACK}:{self.events_port}",
+                        "endpoint": self.events_endpoint,
                         "replay_endpoint": f"tcp://{LOOPBACK}:{self.replay_port}",
                         "topic": "kv-events",
                     }

@@ -3,8 +3,7 @@
 One engine: CACHEMESH_BRIDGE_ENDPOINT (vLLM's `endpoint`, e.g. tcp://vllm-host:5557), and
 CACHEMESH_BRIDGE_MODEL (the name the engine serves: block keys are computed from it and the token ids,
 so it must be what the connector and the gateway call the model), and _REPLAY_ENDPOINT, _ZMQ_TOPIC,
-_ENGINE_ID, _BIND (true when vLLM's endpoint names a host: vLLM connects, the bridge binds). Several
-engines:
+_ENGINE_ID. Several engines:
 CACHEMESH_BRIDGE_PUBLISHERS='[{"engine_id": "a", "endpoint": "tcp://a:5557", ...}, ...]'.
 """
 
@@ -30,9 +29,7 @@ class PublisherConfig(BaseModel):
     replay_endpoint: str | None = None
     # vLLM's `topic` (default ""): the SUB socket's prefix filter.
     topic: str = ""
-    # Bind the SUB socket to `endpoint` instead of connecting: for an engine whose `endpoint` names a
-    # host (vLLM connects there; it binds only wildcard endpoints).
-    bind: bool = False
+
     # The served model name: the model identity in the block keys.
     model: Annotated[str, Field(min_length=1, max_length=200)]
 
@@ -43,7 +40,6 @@ class BridgeSettings(ServiceSettings):
     endpoint: str | None = None
     replay_endpoint: str | None = None
     zmq_topic: str = ""
-    bind: bool = False
     # The engine's identity in kv.events.v1 (`node_id`); the bridge's node id when not given.
     engine_id: EngineId | None = None
     model: str | None = None
@@ -78,7 +74,6 @@ class BridgeSettings(ServiceSettings):
                     endpoint=self.endpoint,
                     replay_endpoint=self.replay_endpoint,
                     topic=self.zmq_topic,
-                    bind=self.bind,
                     model=self.model,
                 )
             )

@@ -1,9 +1,6 @@
 """The ZMQ edge of the bridge: a SUB socket on a vLLM publisher's PUB endpoint, and replay requests to
 its ROUTER endpoint (one DEALER per request, so a late reply to a request given up on can never be
-mistaken for the answer to the next). Frames are interpreted by wire.py.
-
-vLLM binds its PUB socket only to a wildcard endpoint (`tcp://*:5557`); given a host (`tcp://host:5557`)
-it connects, and then the bridge binds (`bind: true`), which keeps both on loopback."""
+mistaken for the answer to the next). Frames are interpreted by wire.py."""
 
 from __future__ import annotations
 
@@ -34,10 +31,7 @@ class ZmqSource:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
         sub.setsockopt(zmq.SUBSCRIBE, self.config.topic.encode())
-        if self.config.bind:
-            sub.bind(self.config.endpoint)
-        else:
-            sub.connect(self.config.endpoint)
+        sub.connect(self.config.endpoint)
         self._sub = sub
 
     def close(self) -> None:

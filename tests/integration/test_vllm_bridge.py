@@ -1,7 +1,8 @@
 """The KV-event bridge on a real vLLM (infra/vllm_server.py): the chains cachemesh learns are the blocks
 the engine stored (content keys from the token ids and the model, parents, block size); evictions and
 `reset_prefix_cache` arrive as removals; a batch lost on the live socket is filled from the engine's
-replay socket; a bridge restarted mid-stream, and an engine restarted under the bridge, are survived."""
+replay socket; a bridge restarted mid-stream, and an engine restarted under the bridge, are survived.
+(Malformed frames, which a real engine does not send, are in test_bridge_service.py.)"""
 
 from __future__ import annotations
 
@@ -47,7 +48,6 @@ def bridge_settings(kafka, namespace, pg_settings, engine: VllmServer) -> Bridge
         endpoint=engine.events_endpoint,
         replay_endpoint=engine.replay_endpoint,
         zmq_topic="kv-events",
-        bind=True,  # the engine's PUB connects to the bridge (both on loopback)
         engine_id=f"vllm-{namespace}",
         model=engine.model,
     )
