@@ -11,7 +11,7 @@ serve with
 Extra config: `url` (the tier node), `model` (the model identity in block keys; default the served model
 name, which the bridge and the gateway must use too), `token` (the node's API token), `lookup_timeout_ms`,
 `load_timeout_ms`, `retry_ms` (how long a failed node is left alone), `max_request_bytes`,
-`save_queue_blocks`.
+`save_queue_blocks`, `shared_memory` (true: on the node's host, copy blocks out of its shared L2 pool).
 
 Blocks are keyed by content (kvkeys.py) and carry model, dtype, shape (layers, kv heads, tokens, K|V)
 and token range in their header (valuecodec.py): a block of anything else is a load error, never data
@@ -65,7 +65,14 @@ log = logging.getLogger("cachemesh.vllm")
 _WIRE_DTYPE = {torch.bfloat16: DType.BFLOAT16, torch.float16: DType.FLOAT16, torch.float32: DType.FLOAT32}
 # bfloat16 travels as its bits
 _CARRIER = {torch.bfloat16: torch.uint16, torch.float16: torch.float16, torch.float32: torch.float32}
-STAT_NAMES = ("blocks_loaded", "load_errors", "blocks_saved", "save_errors", "saves_dropped")
+STAT_NAMES = (
+    "blocks_loaded",
+    "blocks_from_segment",  # of those, copied out of the node's shared L2 pool (same host)
+    "load_errors",
+    "blocks_saved",
+    "save_errors",
+    "saves_dropped",
+)
 
 
 @dataclass
@@ -131,6 +138,8 @@ class ConnectorConfig:
     retry_ms: int = 2_000
     max_request_bytes: int = 8 << 20
     save_queue_blocks: int = 4_096
+    # Copy blocks out of the node's shared L2 segment when the node is on this host (else HTTP).
+    shared_memory: bool = True
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any], served_model: str) -> ConnectorConfig:
@@ -296,7 +305,11 @@ class CachemeshConnector(KVConnectorBase_V1):
         self._block_shape = (len(self._layers), *first.shape[1:])
         block_bytes = first[0].numel() * first.element_size() * len(self._layers) + 512
         self._loader = BlockLoader(
-            self.config.url, model=self.tag, token=self.config.token, block_bytes=block_bytes
+            self.config.url,
+            model=self.tag,
+            token=self.config.token,
+            block_bytes=block_bytes,
+            shared_memory=self.config.shared_memory,
         )
         self._saver = _Saver(self.config, self.tag, self._count)
         log.info(
@@ -314,6 +327,7 @@ class CachemeshConnector(KVConnectorBase_V1):
 
     def _load(self, copies: list[BlockCopy]) -> None:
         assert self._loader is not None
+        shared_before = self._loader.from_segment
         try:
             placed = self._loader.load(
                 [c.key for c in copies],
@@ -327,6 +341,7 @@ class CachemeshConnector(KVConnectorBase_V1):
         if placed < len(copies):
             self._fail(copies[placed:], "not loaded")
         self._count("blocks_loaded", placed)
+        self._count("blocks_from_segment", self._loader.from_segment - shared_before)
 
     def _check(self, copy: BlockCopy, header: ValueHeader) -> None:
         first = self._layers[0]

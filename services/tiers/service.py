@@ -34,7 +34,7 @@ from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder
 from services.tiers.edge.wire import wire_options
 from services.tiers.l1.cache import L1Cache, monotonic_ms
-from services.tiers.l2.block_pool import BlockPool
+from services.tiers.l2.block_pool import PAGE_BYTES, BlockPool
 from services.tiers.l2.net.frames import RdmaUnavailable
 from services.tiers.l2.net.peers import L2Peers
 from services.tiers.l2.net.rdma import PyverbsExporter, rdma_available
@@ -129,6 +129,18 @@ class TiersService(Service):
     def api_url(self) -> str:
         return f"http://{self.settings.api_host}:{self.api_port}"
 
+    @staticmethod
+    def _block_pool(s: TiersSettings) -> BlockPool:
+        if s.l2_shared_memory:
+            try:
+                return BlockPool(s.l2_pages, shared=True)
+            except OSError as exc:
+                log.warning(
+                    "L2 in private memory: no shared-memory segment of that size",
+                    extra={"bytes": s.l2_pages * PAGE_BYTES, "error": repr(exc)},
+                )
+        return BlockPool(s.l2_pages)
+
     async def open(self, stack: AsyncExitStack) -> None:
         s = self.settings
         if s.embedding_dim != s.postgres.cachemesh_embedding_dim:
@@ -142,11 +154,11 @@ class TiersService(Service):
         stack.push_async_callback(self._drain_outbox)
         db = await self.open_database(stack)
         self.l3 = PostgresL3Store(db, dim=s.embedding_dim)
-        l2 = (
-            L2Store(BlockPool(s.l2_pages), dim=s.embedding_dim, max_value_bytes=s.l2_max_value_bytes)
-            if s.l2_pages
-            else None
-        )
+        l2 = None
+        if s.l2_pages:
+            pool = self._block_pool(s)
+            stack.callback(pool.close)
+            l2 = L2Store(pool, dim=s.embedding_dim, max_value_bytes=s.l2_max_value_bytes)
         self.cache = TieredCache(
             l1=L1Cache(
                 dim=s.embedding_dim,

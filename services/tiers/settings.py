@@ -60,6 +60,11 @@ class TiersSettings(ServiceSettings):
     # Values above this stay out of L2. Values above a page (16 KB) take one run of whole pages, so a
     # KV block is one copy in and out.
     l2_max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20
+    # The L2 pool in a POSIX shared-memory segment (mode 0600): an engine's connector on this host,
+    # running as the same user, copies KV blocks straight out of it (POST /v1/blocks/locate says where)
+    # instead of receiving them over a socket. Private memory when off, or when the segment cannot be
+    # made (a small /dev/shm).
+    l2_shared_memory: bool = True
     # --- L2 shared between nodes (block server + peers) ---------------------------------------
     # Every node serves its L2 pool (read-only) on this address; 0 picks a free port (tests, several
     # nodes on one machine); /v1/stats and /healthz report the one in use.

@@ -68,7 +68,7 @@ async def test_node_b_reads_node_a_l2_and_survives_a_going_away(
             assert a.cache.l2.stats().served_remote >= 1
 
             again = await cb.get(keys["only-a"])
-            assert (again.tier, again.remote) == ("l1", False)  # promoted on B
+            assert (again.tier, again.remote) == ("l2", False)  # promoted into B's L2 (KV lives in L2)
             assert b.cache.l2 is not None and keys["only-a"] in b.cache.l2
 
             batch = await cb.lookup_many(
@@ -105,7 +105,7 @@ async def test_node_b_reads_node_a_l2_and_survives_a_going_away(
             assert not (await cb.get(keys["after"])).hit
             assert time.perf_counter() - started < 1.0
             assert by_peer_now(b)[a_blocks]["skipped"] >= 1  # backing off: not even asked
-            assert (await cb.get(keys["only-a"])).tier == "l1"  # what B promoted stays served
+            assert (await cb.get(keys["only-a"])).tier == "l2"  # what B promoted stays served
             health = await b.health()
             assert health["healthy"] and health["l2_blocks"]["peers"] == [a_blocks, "127.0.0.1:1"]
 

@@ -124,9 +124,11 @@ async def test_a_second_engine_loads_the_prefix_the_first_computed(node, engines
     after = await asyncio.to_thread(metric, b, EXTERNAL_HITS)
     assert loaded == cold, "greedy output with loaded KV equals the cold output"
     assert after - before == 6 * BLOCK_SIZE
-    # The tier node served them from L2 (the block pool), as KV blocks of this model.
+    await counted(b, "vllm:cachemesh_blocks_from_segment_total", 6)  # b and the node share a host
+    # The tier node held them in L2 (the block pool, a shared segment b copied them out of).
     stats = node.cache.stats()
     assert stats["l2"]["entries"] >= 6
+    assert node.cache.l2 is not None and node.cache.l2.pool.segment is not None
     # A prompt that shares only its first four blocks with p: b (its own prefix cache emptied) loads
     # those four and computes the fifth; a, which has them in its own prefix cache, agrees.
     q = p[: 4 * BLOCK_SIZE] + prompt(rng, 1)
@@ -242,7 +244,15 @@ async def test_blocks_the_node_cannot_send_are_recomputed(kafka, node, engines, 
     await saved(node, q)
     # A node sharing L3 whose responses are too small for one block: it reports the prefix held and
     # cannot send it.
-    tight = node_settings_for(kafka, node.pg_settings, module_namespace, "tight", max_request_bytes=4096)  # type: ignore[attr-defined]
+    # Its pool is private (no shared segment to copy from): the blocks must come over HTTP.
+    tight = node_settings_for(
+        kafka,
+        node.pg_settings,  # type: ignore[attr-defined]
+        module_namespace,
+        "tight",
+        max_request_bytes=4096,
+        l2_shared_memory=False,
+    )
     async with running(tight) as narrow:
         lone = VllmServer(
             kv_blocks=64,

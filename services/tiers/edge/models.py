@@ -243,6 +243,19 @@ class BlocksPutOut(BaseModel):
     results: list[BlockPutResult]
 
 
+class LocatedBlock(BaseModel):
+    key: str
+    spans: list[tuple[int, int]] = Field(description="(byte offset, length) in the segment, in order")
+    nbytes: int
+    crc32: int = Field(description="of the whole value: what a reader checks the copied bytes against")
+
+
+class LocateOut(BaseModel):
+    segment: str | None = Field(description="the shared-memory segment of the node's L2 (None: not shared)")
+    segment_bytes: int
+    blocks: list[LocatedBlock] = Field(description="the leading keys held in L2, up to the first that is not")
+
+
 class FetchBody(_Strict):
     keys: Annotated[list[Key], Field(min_length=1, max_length=_MAX_CHAIN)]
     model: str | None = None

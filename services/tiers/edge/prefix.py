@@ -6,7 +6,10 @@ block after the first miss is of no use to the engine: its attention needs every
 with the tier and node of each block in it. POST /v1/blocks/fetch answers many blocks' values in one
 binary body (blockframe.py documents it). Both take at most `max_batch` keys (413 beyond); the fetch
 stops adding values once the body would pass `max_request_bytes` (those blocks come back "omitted").
-POST /v1/blocks/put writes many KV blocks in the same frame (every record a hit): content-addressed
+POST /v1/blocks/locate says where the leading blocks of a chain lie in this node's L2 pool when the pool
+is a shared-memory segment: an engine on the same host copies them out itself and checks each against
+the crc32 given (a block freed and reused meanwhile fails it). POST /v1/blocks/put writes many KV blocks
+in the same frame (every record a hit): content-addressed
 blocks (`kv:` keys, cachemesh_client/kvkeys.py), each a `kv_block` value in the cachemesh encoding; the
 whole body is checked before anything is written, and a bad one is refused with the reason.
 """
@@ -20,8 +23,9 @@ from starlette.types import Receive, Scope, Send
 
 from services.tiers.codec import CodecError
 from services.tiers.edge.blockframe import MEDIA_TYPE, FetchedBlock, FrameError, frame_parts, parse_blocks
-from services.tiers.edge.models import BlocksPutOut, FetchBody, PrefixBody, PrefixOut
+from services.tiers.edge.models import BlocksPutOut, FetchBody, LocateOut, PrefixBody, PrefixOut
 from services.tiers.entry import EntryMeta, decode_value
+from services.tiers.l2.block_pool import UNIT_BYTES
 from services.tiers.node.plan import Lookup, Query
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
@@ -114,6 +118,30 @@ def prefix_router(cache: TieredCache, settings: TiersSettings) -> APIRouter:
                 budget -= len(result.entry.blob)
                 out.append(FetchedBlock(key, "hit", result.tier, result.entry.blob))
         return FrameResponse(frame_parts(out))
+
+    @router.post(
+        "/blocks/locate",
+        response_model=LocateOut,
+        summary="Where the leading blocks of a chain lie in this node's shared L2 pool (same host only)",
+    )
+    async def locate_blocks(body: FetchBody) -> dict[str, Any]:
+        check_size(body.keys)
+        pool = cache.l2.pool if cache.l2 is not None else None
+        segment = None if pool is None else pool.segment
+        located = cache.locate_prefix(body.keys, body.model) if segment is not None else []
+        return {
+            "segment": segment,
+            "segment_bytes": 0 if pool is None else pool.total_bytes,
+            "blocks": [
+                {
+                    "key": key,
+                    "spans": [(s.block_id * UNIT_BYTES, s.length) for s in loc.spans],
+                    "nbytes": loc.nbytes,
+                    "crc32": loc.crc32,
+                }
+                for key, loc in zip(body.keys, located, strict=False)
+            ],
+        }
 
     @router.post(
         "/blocks/put",

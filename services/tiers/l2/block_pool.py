@@ -8,15 +8,22 @@ Blocks carry a reference count and a last-use time and move Allocated -> Active 
 finds no room. Fragmentation = (free total - largest free contiguous run) / free total, over bytes.
 The buffer is CuPy device memory when a GPU is present, numpy host memory otherwise; the allocator's
 bookkeeping is host-side numpy either way, so one code path serves both (`xp` is the array module).
+Host memory can be a POSIX shared-memory segment (`shared=True`, named in `segment`), which an engine
+on the same host maps read-only to copy KV blocks out without a socket (DESIGN.md §1: L2 shareable
+across processes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import heapq
+import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
+from multiprocessing import shared_memory
 from types import ModuleType
 from typing import Any
 
@@ -133,6 +140,7 @@ class BlockPool:
         xp: ModuleType | None = None,
         clock: Callable[[], int] | None = None,
         inactive_after_ms: int = DEFAULT_INACTIVE_AFTER_MS,
+        shared: bool = False,
     ) -> None:
         if n_pages <= 0:
             raise ValueError(f"n_pages must be positive, got {n_pages}")
@@ -141,7 +149,15 @@ class BlockPool:
         self.inactive_after_ms = inactive_after_ms
         self.n_pages = n_pages
         self.total_bytes = n_pages * PAGE_BYTES
-        self.buffer: Any = self.xp.zeros(self.total_bytes, dtype=self.xp.uint8)
+        self._shm: shared_memory.SharedMemory | None = None
+        if shared and self.xp is np:
+            # Mode 0600: only this user's processes can map it. Zero-filled by the kernel.
+            self._shm = shared_memory.SharedMemory(
+                name=f"cachemesh-l2-{os.getpid()}-{secrets.token_hex(4)}", create=True, size=self.total_bytes
+            )
+            self.buffer: Any = np.ndarray(self.total_bytes, dtype=np.uint8, buffer=self._shm.buf)
+        else:
+            self.buffer = self.xp.zeros(self.total_bytes, dtype=self.xp.uint8)
         n_units = n_pages * UNITS_PER_PAGE
         # Per unit; meaningful at a block's first unit. Host-side on every device.
         self._cap = np.zeros(n_units, dtype=np.int32)  # block capacity in bytes, 0 = no block starts here
@@ -156,6 +172,20 @@ class BlockPool:
         # Lowest addresses first keeps live data packed at the bottom and free space in one run.
         self._free_pages = list(range(n_pages))
         self._partial: dict[int, list[int]] = {cls: [] for cls in BLOCK_CLASSES}
+
+    @property
+    def segment(self) -> str | None:
+        """The shared-memory segment's name (`/dev/shm/<name>` on Linux), or None."""
+        return None if self._shm is None else self._shm.name
+
+    def close(self) -> None:
+        """Give the shared segment back (its name is unlinked: mappings that exist stay valid)."""
+        if self._shm is not None:
+            self.buffer = np.zeros(0, dtype=np.uint8)
+            shm, self._shm = self._shm, None
+            shm.unlink()
+            with contextlib.suppress(BufferError):  # a view handed out earlier still holds the mapping
+                shm.close()
 
     # -- allocation ------------------------------------------------------------------------------
 

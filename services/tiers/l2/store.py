@@ -179,6 +179,16 @@ class L2Store:
         self._served_remote += 1
         return Located(resident.meta, resident.spans, resident.nbytes, resident.crc32)
 
+    def locate_local(self, key: str) -> Located | None:
+        """Where `key`'s value lies in the pool, for a reader on this host mapping it (counts as a hit)."""
+        resident = self._entries.get(key)
+        if resident is None:
+            self._misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self._hits += 1
+        return Located(resident.meta, resident.spans, resident.nbytes, resident.crc32)
+
     def peek_meta(self, key: str) -> EntryMeta | None:
         resident = self._entries.get(key)
         return None if resident is None else resident.meta

@@ -19,6 +19,7 @@ from policies.base import AccessMeta
 from schemas.events import Tier, now_ms
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
+from services.tiers.l2.blocks import Located
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.counters import Counters
@@ -202,6 +203,34 @@ class TierReads:
             if ttl is not None and ttl <= 0:
                 break
             out.append((tier, meta.size_bytes))
+        return out
+
+    def locate_prefix(self, keys: Sequence[str], model: str | None = None) -> list[Located]:
+        """Where each leading key of `keys` lies in this node's L2 pool, up to the first that is not
+        there (live, for `model`): for a reader on this host that maps the pool. Each is a hit."""
+        out: list[Located] = []
+        if self.l2 is None:
+            return out
+        now = self.wall_ms()
+        for key in keys:
+            meta = self.l2.peek_meta(key)
+            if meta is None or (model is not None and meta.model != model):
+                break
+            ttl = meta.remaining_ttl_ms(now)
+            if ttl is not None and ttl <= 0:
+                break
+            located = self.l2.locate_local(key)
+            if located is None:
+                break
+            out.append(located)
+            self.counters.lookups += 1
+            self.counters.hits["l2:exact"] += 1
+            self.outbox.access(
+                AccessRecord(
+                    key, True, 0.0, now, tier="l2", match="exact", kind=meta.kind, model=meta.model,
+                    size_bytes=located.nbytes, trace_id=meta.trace_id,
+                )
+            )  # fmt: skip
         return out
 
     async def entry_meta(self, key: str) -> EntryMeta | None:

@@ -331,3 +331,27 @@ def test_a_run_reclaims_inactive_blocks_oldest_first() -> None:
     c = pool.allocate_run(2 * PAGE_BYTES)
     assert c == a and pool.is_live(b)  # a, the least recently used, made room; b stayed
     assert pool.info(c).state == BlockState.ALLOCATED
+
+
+def test_a_shared_pool_is_readable_through_its_segment_and_gone_when_closed() -> None:
+    import mmap
+    import os
+
+    pool = BlockPool(4, xp=np, shared=True)
+    assert pool.segment is not None
+    path = os.path.join("/dev/shm", pool.segment)
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"  # this user's processes only
+    block = pool.allocate_run(PAGE_BYTES + 100)
+    data = np.arange(PAGE_BYTES + 100, dtype=np.uint32).astype(np.uint8)
+    pool.write(block, data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        view = mmap.mmap(fd, pool.total_bytes, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    offset = block * UNIT_BYTES
+    assert view[offset : offset + len(data)] == data.tobytes()
+    pool.close()
+    assert not os.path.exists(path)
+    view.close()
+    assert BlockPool(1, xp=np).segment is None
