@@ -120,6 +120,25 @@ def fragmentation(free_units: np.ndarray) -> float:
     return (free - largest_free_run(free_units)) / free
 
 
+SEGMENT_PREFIX = "cachemesh-l2-"
+
+
+def _remove_stale_segments(shm_dir: str = "/dev/shm") -> None:
+    """Unlink pool segments whose creating process is gone (a SIGKILLed node never unlinks its own)."""
+    with contextlib.suppress(OSError):
+        for name in os.listdir(shm_dir):
+            if not name.startswith(SEGMENT_PREFIX):
+                continue
+            try:
+                pid = int(name[len(SEGMENT_PREFIX) :].split("-", 1)[0])
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(shm_dir, name))
+            except (ValueError, PermissionError):
+                continue
+
+
 def _as_uint8(data: Any, xp: ModuleType) -> Any:
     """A flat uint8 array of `data`'s bytes in module `xp`, copying across host/device only."""
     if hasattr(data, "__cuda_array_interface__"):
@@ -151,9 +170,12 @@ class BlockPool:
         self.total_bytes = n_pages * PAGE_BYTES
         self._shm: shared_memory.SharedMemory | None = None
         if shared and self.xp is np:
+            _remove_stale_segments()
             # Mode 0600: only this user's processes can map it. Zero-filled by the kernel.
             self._shm = shared_memory.SharedMemory(
-                name=f"cachemesh-l2-{os.getpid()}-{secrets.token_hex(4)}", create=True, size=self.total_bytes
+                name=f"{SEGMENT_PREFIX}{os.getpid()}-{secrets.token_hex(4)}",
+                create=True,
+                size=self.total_bytes,
             )
             self.buffer: Any = np.ndarray(self.total_bytes, dtype=np.uint8, buffer=self._shm.buf)
         else:

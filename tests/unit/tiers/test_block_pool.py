@@ -355,3 +355,26 @@ def test_a_shared_pool_is_readable_through_its_segment_and_gone_when_closed() ->
     assert not os.path.exists(path)
     view.close()
     assert BlockPool(1, xp=np).segment is None
+
+
+def test_a_segment_left_by_a_dead_node_is_removed_by_the_next_pool() -> None:
+    import os
+    import subprocess
+    import sys
+
+    # SIGKILLed with its process group, a node's resource tracker dies too and unlinks nothing: here the
+    # segment is taken off the tracker's list, so the child's exit leaves it behind the same way.
+    code = (
+        "import numpy as np, os; from multiprocessing import resource_tracker; "
+        "from services.tiers.l2.block_pool import BlockPool; "
+        "p = BlockPool(1, xp=np, shared=True); "
+        "resource_tracker.unregister('/' + p.segment, 'shared_memory'); "
+        "print(p.segment, flush=True); os._exit(0)"
+    )
+    name = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    path = os.path.join("/dev/shm", name)
+    assert os.path.exists(path)  # the process died without unlinking it
+    BlockPool(1, xp=np, shared=True).close()
+    assert not os.path.exists(path)
