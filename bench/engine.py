@@ -10,11 +10,12 @@ shared), on the larger test model (`cachemesh-small`: hidden 512, 4 layers, 8 KV
 
 The engine with the connector first computes the prompt itself (its cold time, with the connector's
 lookup, is reported as `ttft_ms_cold_with_connector`) and saves it in the background. Beside them: the
-L2 load path alone (the connector's fetch of the prefix's blocks, bytes per second),
-and the per-block cost of loading against recomputing. `--faults N` adds N runs where the tier node
-process is SIGKILLed while a request loads a 2,048-token prefix: every request must still succeed, with
-the cold output. The tier node runs as its own process (`python -m services.tiers`), on a real broker
-and Postgres (`KAFKA_BOOTSTRAP` / `DATABASE_URL` when set, otherwise it starts its own).
+L2 load path alone (out of the node's shared segment and over HTTP, GB/s) and the per-block cost of
+loading against recomputing. `--faults N` adds N runs where the tier node process is SIGKILLed while a
+request loads a 2,048-token prefix (on an engine whose connector loads over HTTP, as from another host:
+a copy out of the shared segment outlives the node): every request must still succeed, with the cold
+output. The tier node runs as its own process (`python -m services.tiers`), on a real broker and
+Postgres (`KAFKA_BOOTSTRAP` / `DATABASE_URL` when set, otherwise it starts its own).
 
 Run: `python -m bench.engine [--prefixes 512,1024,2048] [--reps 7] [--faults 20]`. Prints the table,
 writes `bench/results/engine.json` (per prefix length: `prefix_tokens`, median `ttft_ms` per mode, the
@@ -305,6 +306,7 @@ def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) ->
     failed = wrong = 0
     kill_after_ms = []
     landed = {"before_lookup": 0, "mid_load": 0, "after_load": 0}
+    per_run: list[tuple[float, str]] = []
     for _ in range(runs):
         prefix = [rng.randrange(*VOCAB) for _ in range(2048)]
         tokens = prefix + [rng.randrange(*VOCAB) for _ in range(SUFFIX)]
@@ -312,7 +314,10 @@ def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) ->
         keys = block_keys(prefix, model=engine.model, block_size=BLOCK_SIZE)
         wait_for("saved", lambda keys=keys: len(held_where(node, keys)) == len(keys))
         engine.reset_prefix_cache()
-        delay = rng.uniform(0.0, 0.04)  # request, lookup and load take about 5-35 ms
+        # The load runs ~35-65 ms after the request is sent (measured with a 0-120 ms sweep here:
+        # earlier kills fell before the lookup, later ones after the load); `kill_landed` says where
+        # each one fell.
+        delay = rng.uniform(0.035, 0.065)
         kill_after_ms.append(delay * 1000)
         outcome: dict[str, Any] = {}
 
@@ -331,7 +336,9 @@ def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) ->
         after = engine.metrics()
         errors = after.get(LOAD_ERRORS, 0) - counters.get(LOAD_ERRORS, 0)
         loaded = after.get(EXTERNAL_HITS, 0) - counters.get(EXTERNAL_HITS, 0)
-        landed["mid_load" if errors else "after_load" if loaded else "before_lookup"] += 1
+        where = "mid_load" if errors else "after_load" if loaded else "before_lookup"
+        landed[where] += 1
+        per_run.append((round(delay * 1000, 1), where))
         if "error" in outcome:
             failed += 1
         elif outcome["text"] != cold:
@@ -343,6 +350,7 @@ def faults(engine: VllmServer, node: TierNode, runs: int, rng: random.Random) ->
         "wrong_outputs": wrong,
         "kill_landed": landed,
         "kill_after_ms": kill_after_ms,
+        "runs_by_delay": per_run,
     }
 
 
@@ -404,7 +412,24 @@ def main(
                 for n in lengths:
                     results.append(measure(plain, engine, node, evictor, n, reps, rng))
                     progress.advance(task)
-            fault = faults(engine, node, fault_runs, rng) if fault_runs else None
+            fault = None
+            if fault_runs:
+                # The fault runs load over HTTP: from the shared segment a load is a copy out of memory
+                # that outlives the node, and only the ~1 ms lookup-to-locate window could be hit.
+                plain.stop()
+                over_http = VllmServer(
+                    SMALL,
+                    kv_blocks=1024,
+                    max_model_len=4096,
+                    events=False,
+                    connector=connector_config(
+                        node.url, model=SMALL.name, timeout_ms=3000, extra={"shared_memory": False}
+                    ),
+                )
+                with _stopping(over_http):
+                    console.print("starting vLLM with the connector over HTTP for the fault runs ...")
+                    over_http.start()
+                    fault = faults(over_http, node, fault_runs, rng)
     table = Table(title=f"TTFT (ms, median of {reps}) on vLLM {SMALL.name}, CPU; cachemesh as the KV tier")
     for col in (
         "prefix",
