@@ -18,6 +18,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from schemas.events import MAX_KEY_CHARS, ConversationEnded, ConversationStarted, Event
 from services.gateway.answers import as_served, error_body, response_id
 from services.gateway.conversations import Conversations, Served, ServedAnswers
+from services.gateway.engines import Engines
+from services.gateway.engines import Route as EngineRoute
 from services.gateway.policy import CachePolicy, Directives
 from services.gateway.requests import (
     BadRequest,
@@ -30,7 +32,7 @@ from services.gateway.requests import (
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse import DONE, SseParser, assemble, replay
 from services.gateway.tier_cache import CachedAnswer, Entry, LookupResult, TierCache
-from services.gateway.upstream import Upstream, UpstreamUnavailable
+from services.gateway.upstream import UpstreamUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +52,8 @@ Publish = Callable[[Event, bool], Awaitable[None]]
 CONVERSATION_HEADER = "x-cachemesh-conversation-id"
 TENANT_HEADER = "x-cachemesh-tenant"
 _PATHS: dict[Route, str] = {"chat": "/chat/completions", "completion": "/completions"}
+# Failures that mean the engine never took the request: another may.
+_RETRYABLE = {"upstream_unreachable", "upstream_breaker_open"}
 
 
 def problem(status: int, message: str, *, kind: str, code: str | None = None, **headers: str) -> Response:
@@ -67,14 +71,15 @@ class Proxy:
         self,
         settings: GatewaySettings,
         cache: TierCache,
-        upstream: Upstream,
+        engines: Engines,
         publish: Publish,
         *,
         clock_ms: Callable[[], int],
     ) -> None:
         self.settings = settings
         self.cache = cache
-        self.upstream = upstream
+        self.engines = engines
+        self.upstream = engines.first.upstream  # /v1/models asks the first
         self.publish = publish
         self.policy = CachePolicy(settings.sampling_policy, settings.cache_tools)
         self.conversations = Conversations(
@@ -84,7 +89,7 @@ class Proxy:
         self.counts: dict[str, int] = {
             "hit": 0, "miss": 0, "bypass": 0, "lookup_timeout": 0, "lookup_error": 0,
             "upstream_errors": 0, "stores_skipped": 0, "publish_errors": 0, "hedged": 0,
-            "hedge_won_by_upstream": 0,
+            "hedge_won_by_upstream": 0, "rerouted": 0,
         }  # fmt: skip
         self._stores: set[asyncio.Task[bool]] = set()
         self._emits: set[asyncio.Task[None]] = set()
@@ -123,9 +128,7 @@ class Proxy:
             entry = Entry(req.key, req.namespace, prompt, trace_id, self.settings.ttl_hint_ms, tags)
 
         def forward() -> Awaitable[Response]:
-            if req.stream:
-                return self._relay_stream(_PATHS[route], raw, headers, out, entry)
-            return self._forward(_PATHS[route], raw, headers, out, entry)
+            return self._routed(body, req, route, raw, headers, out, entry, trace_id)
 
         try:
             if not plan.lookup:
@@ -220,32 +223,103 @@ class Proxy:
             return StreamingResponse(_iterate(frames), media_type="text/event-stream", headers=headers)
         return JSONResponse(as_served(hit.answer, rid=rid, created=created), headers=headers)
 
-    async def _forward(
-        self, path: str, raw: bytes, incoming: Mapping[str, str], out: dict[str, str], entry: Entry | None
+    async def _routed(
+        self,
+        body: Mapping[str, Any],
+        req: Normalised,
+        route: Route,
+        raw: bytes,
+        incoming: Mapping[str, str],
+        out: dict[str, str],
+        entry: Entry | None,
+        conversation: str | None,
     ) -> Response:
-        response = await self.upstream.request("POST", path, self.upstream.headers(incoming), raw)
+        """To the engine the router picks; one that cannot be reached (or whose breaker is open) before
+        it answered anything is left out and the next best is tried."""
+        tried: set[str] = set()
+        while True:
+            try:
+                chosen = await self.engines.route(body, req.model, conversation, tried)
+            except LookupError:
+                raise UpstreamUnavailable(
+                    502, "no upstream could take the request", code="no_upstream"
+                ) from None
+            out["x-cachemesh-instance"] = chosen.engine.name
+            if chosen.choice is not None:
+                out["x-cachemesh-route"] = chosen.choice.reason
+                out["x-cachemesh-route-predicted-blocks"] = str(chosen.choice.predicted_blocks)
+            try:
+                if req.stream:
+                    return await self._relay_stream(chosen, _PATHS[route], raw, incoming, out, entry)
+                return await self._forward(chosen, _PATHS[route], raw, incoming, out, entry)
+            except UpstreamUnavailable as exc:
+                tried.add(chosen.engine.name)
+                if exc.code not in _RETRYABLE or len(tried) >= len(self.engines.engines):
+                    raise
+                self._count("rerouted")
+                log.warning(
+                    "upstream failed before answering; trying another",
+                    extra={"instance": chosen.engine.name, "error": str(exc)},
+                )
+
+    async def _forward(
+        self,
+        chosen: EngineRoute,
+        path: str,
+        raw: bytes,
+        incoming: Mapping[str, str],
+        out: dict[str, str],
+        entry: Entry | None,
+    ) -> Response:
+        upstream, state = chosen.engine.upstream, chosen.engine.state
+        state.in_flight += 1
+        try:
+            response = await upstream.request("POST", path, upstream.headers(incoming), raw)
+        finally:
+            state.in_flight -= 1
         if response.status_code >= 400:
             self._count("upstream_errors")
-        elif entry is not None and len(response.content) <= self.settings.max_answer_bytes:
+            return _relayed(response, out)
+        answer = None
+        if len(response.content) <= self.settings.max_answer_bytes:
             try:
                 answer = response.json()
             except ValueError:
                 answer = None
-            if isinstance(answer, dict) and self.policy.storable(answer):
+        if isinstance(answer, dict):
+            self.engines.realised(chosen, answer, self.engines.block_size)
+            if entry is not None and self.policy.storable(answer):
                 self._store_later(entry, answer)
         return _relayed(response, out)
 
     async def _relay_stream(
-        self, path: str, raw: bytes, incoming: Mapping[str, str], out: dict[str, str], entry: Entry | None
+        self,
+        chosen: EngineRoute,
+        path: str,
+        raw: bytes,
+        incoming: Mapping[str, str],
+        out: dict[str, str],
+        entry: Entry | None,
     ) -> Response:
-        response = await self.upstream.open_stream(path, self.upstream.headers(incoming), raw)
+        upstream, state = chosen.engine.upstream, chosen.engine.state
+        state.in_flight += 1
+        try:
+            response = await upstream.open_stream(path, upstream.headers(incoming), raw)
+        except BaseException:
+            state.in_flight -= 1
+            raise
         if response.status_code != 200:
+            state.in_flight -= 1
             self._count("upstream_errors")
             return _relayed(response, out)
         out["cache-control"] = "no-cache"
-        return StreamingResponse(self._relay(response, entry), media_type="text/event-stream", headers=out)
+        return StreamingResponse(
+            self._relay(response, entry, chosen), media_type="text/event-stream", headers=out
+        )
 
-    async def _relay(self, response: httpx.Response, entry: Entry | None) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, response: httpx.Response, entry: Entry | None, chosen: EngineRoute
+    ) -> AsyncIterator[bytes]:
         """The upstream's bytes as they come; parsed on the side, and the whole answer stored once the
         stream ended with [DONE] (a stream cut short is relayed but never stored)."""
         parser, chunks, size, done, failed = SseParser(self.settings.max_answer_bytes), [], 0, False, False
@@ -272,8 +346,9 @@ class Proxy:
             log.warning("upstream stream broke off", extra={"error": repr(exc)})
         finally:
             await response.aclose()
+            chosen.engine.state.in_flight -= 1
             # A caller that went away is no fault of the upstream's.
-            self.upstream.stream_done(not failed)
+            chosen.engine.upstream.stream_done(not failed)
         if entry is not None and done and not failed:
             answer = assemble(chunks)
             if answer is not None and self.policy.storable(answer):

@@ -12,15 +12,17 @@ from typing import Any, ClassVar
 
 import httpx
 
-from schemas.events import Event
+from schemas.events import Event, KvBlockStored
 from services.gateway.api import create_app
 from services.gateway.breaker import BreakerStats, FailureBreaker
+from services.gateway.engines import Engine, Engines, PromptTokens
 from services.gateway.proxy import Proxy
+from services.gateway.routing import Instance, Weights
 from services.gateway.settings import GatewaySettings
 from services.gateway.tier_cache import TierCache
 from services.gateway.upstream import Upstream
 from services.runtime.http import InLoopServer, serve_in_loop
-from services.runtime.kafka import EventPublisher
+from services.runtime.kafka import Delivery, EventPublisher
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,8 @@ class GatewayService(Service):
     def __init__(self, settings: GatewaySettings | None = None) -> None:
         super().__init__(settings or GatewaySettings())
         self.proxy: Proxy | None = None
+        self.engines: Engines | None = None
+        self._poll_http: httpx.AsyncClient | None = None
         self.publisher: EventPublisher | None = None
         self.api_port: int | None = None
         self._api: InLoopServer | None = None
@@ -68,15 +72,6 @@ class GatewayService(Service):
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
         )
         stack.push_async_callback(tiers_http.aclose)
-        upstream_http = httpx.AsyncClient(
-            base_url=s.upstream_url.rstrip("/"),
-            timeout=httpx.Timeout(s.upstream_timeout_ms / 1000, connect=s.upstream_connect_timeout_ms / 1000),
-            limits=httpx.Limits(
-                max_connections=s.upstream_max_connections,
-                max_keepalive_connections=s.upstream_max_connections,
-            ),
-        )
-        stack.push_async_callback(upstream_http.aclose)
         cache = TierCache(
             tiers_http,
             FailureBreaker(
@@ -92,8 +87,52 @@ class GatewayService(Service):
             similarity_tolerance=s.similarity_tolerance,
             invalidate_threshold=s.invalidate_threshold,
         )
+        self.engines = Engines(
+            [self._engine(stack, name, url, engine_id) for name, url, engine_id in self._upstreams()],
+            tokens=PromptTokens(s.routing_tokenizer_dir) if s.routing_tokenizer_dir else None,
+            model=s.routing_model,
+            block_size=s.routing_block_size,
+            tiers_prefix=cache.prefix,
+            weights=Weights(s.routing_tier_value, s.routing_load_cost, s.routing_affinity_slack),
+        )
+        if len(self.engines.engines) > 1:
+            # Every gateway hears every engine's blocks: a group of its own.
+            await self.open_consumer(
+                stack,
+                [KvBlockStored.topic],
+                f"gateway-kv-{s.node_id}",
+                self._on_kv_event,
+                self.publisher,
+            )
+            self._poll_http = httpx.AsyncClient()
+            stack.push_async_callback(self._poll_http.aclose)
+        self.proxy = Proxy(s, cache, self.engines, self._publish, clock_ms=monotonic_ms)
+        # Registered after the clients, so it runs before they close: answers in flight get stored.
+        stack.push_async_callback(self.proxy.drain)
+        await self._start_api(stack)
+
+    def _upstreams(self) -> list[tuple[str, str, str]]:
+        s = self.settings
+        if not s.upstreams:
+            return [("upstream", s.upstream_url, "upstream")]
+        names = [u.name for u in s.upstreams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"upstream names must be unique, got {names}")
+        return [(u.name, u.url, u.engine_id or u.name) for u in s.upstreams]
+
+    def _engine(self, stack: AsyncExitStack, name: str, url: str, engine_id: str) -> Engine:
+        s = self.settings
+        http = httpx.AsyncClient(
+            base_url=url.rstrip("/"),
+            timeout=httpx.Timeout(s.upstream_timeout_ms / 1000, connect=s.upstream_connect_timeout_ms / 1000),
+            limits=httpx.Limits(
+                max_connections=s.upstream_max_connections,
+                max_keepalive_connections=s.upstream_max_connections,
+            ),
+        )
+        stack.push_async_callback(http.aclose)
         upstream = Upstream(
-            upstream_http,
+            http,
             FailureBreaker(
                 failure_ratio=s.breaker_failure_ratio,
                 consecutive=s.breaker_consecutive,
@@ -106,10 +145,18 @@ class GatewayService(Service):
             api_key=s.upstream_api_key.get_secret_value() if s.upstream_api_key else None,
             pass_authorization=s.api_token is None,
         )
-        self.proxy = Proxy(s, cache, upstream, self._publish, clock_ms=monotonic_ms)
-        # Registered after the clients, so it runs before they close: answers in flight get stored.
-        stack.push_async_callback(self.proxy.drain)
-        await self._start_api(stack)
+        root = url.rstrip("/").removesuffix("/v1")
+        return Engine(name, engine_id, upstream, Instance(name), f"{root}/metrics")
+
+    async def _on_kv_event(self, delivery: Delivery) -> None:
+        if self.engines is not None:
+            self.engines.on_kv_event(delivery.event)
+
+    async def _poll_queues(self) -> None:
+        while True:
+            if self.engines is not None and self._poll_http is not None and len(self.engines.engines) > 1:
+                await self.engines.poll_queues(self._poll_http)
+            await asyncio.sleep(self.settings.queue_poll_ms / 1000)
 
     async def _publish(self, event: Event, wait: bool) -> None:
         assert self.publisher is not None
@@ -122,7 +169,8 @@ class GatewayService(Service):
         self._api = await serve_in_loop(app, s.api_host, s.api_port, "gateway API")
         self.api_port = self._api.port
         stack.push_async_callback(self._stop_api)
-        log.info("gateway API listening", extra={"url": self.api_url, "upstream": s.upstream_url})
+        upstreams = [u.url for u in s.upstreams] or [s.upstream_url]
+        log.info("gateway API listening", extra={"url": self.api_url, "upstreams": upstreams})
 
     async def _stop_api(self) -> None:
         server, self._api = self._api, None
@@ -130,7 +178,7 @@ class GatewayService(Service):
             await server.stop()
 
     def loops(self) -> Sequence[Loop]:
-        return (self._end_idle_conversations, self._api_ticks)
+        return (self._end_idle_conversations, self._api_ticks, self._poll_queues)
 
     async def _end_idle_conversations(self) -> None:
         assert self.proxy is not None
@@ -158,10 +206,11 @@ class GatewayService(Service):
                 "auth": self.settings.api_token is not None,
             },
             "upstream": {
-                "url": self.settings.upstream_url,
-                "calls": proxy.upstream.calls,
+                "url": self.settings.upstream_url if not self.settings.upstreams else None,
+                "calls": sum(e.upstream.calls for e in proxy.engines.engines),
                 "breaker": _breaker_dict(proxy.upstream.breaker.stats()),
             },
+            "routing": proxy.engines.stats(),
             "cache": {
                 "url": self.settings.tiers_url,
                 "breaker": _breaker_dict(proxy.cache.breaker.stats()),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from services.runtime.settings import ServiceSettings
@@ -15,6 +15,17 @@ from services.runtime.settings import ServiceSettings
 #   unset_or_zero  also a request that leaves temperature unset (how most applications call);
 #   all            every temperature (a repeated question gets the first answer it got).
 SamplingPolicy = Literal["deterministic", "unset_or_zero", "all"]
+
+
+class UpstreamConfig(BaseModel):
+    """One engine instance behind the gateway."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=100)]
+    url: str  # its OpenAI base, e.g. http://10.0.0.5:8000/v1
+    # The `node_id` of its KV events (the bridge's engine id for it); default: `name`.
+    engine_id: str | None = None
 
 
 class GatewaySettings(ServiceSettings):
@@ -32,6 +43,25 @@ class GatewaySettings(ServiceSettings):
     # Sent to the upstream as its bearer token. Unset (and no api_token here): the client's own
     # Authorization header is passed through.
     upstream_api_key: SecretStr | None = None
+    # Several instances: CACHEMESH_GATEWAY_UPSTREAMS='[{"name": "a", "url": "http://a:8000/v1",
+    # "engine_id": "vllm-a"}, ...]'. Each request goes to one, chosen by the prefix of its KV blocks each
+    # holds (from kv.events.v1), what the tiers hold, load and conversation (services/gateway/routing.py);
+    # one that fails before answering is retried on another. Empty: `upstream_url` alone.
+    upstreams: list[UpstreamConfig] = Field(default_factory=list)
+    # The model's directory (tokenizer and chat template) to compute a prompt's block keys as the
+    # engine does; None: route by load and conversation only.
+    routing_tokenizer_dir: str | None = None
+    # The model identity in the block keys (the connector's `model`, the bridge's MODEL); None: the
+    # request's `model`.
+    routing_model: str | None = None
+    routing_block_size: Annotated[int, Field(gt=0)] = 16
+    # Blocks of prompt a request queued ahead is worth; a block the tiers hold against one an instance
+    # holds (1.0); how much better another instance must be to move a conversation.
+    routing_load_cost: Annotated[float, Field(ge=0.0)] = 4.0
+    routing_tier_value: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
+    routing_affinity_slack: Annotated[float, Field(ge=0.0)] = 8.0
+    # How often each instance's queue is read from its /metrics.
+    queue_poll_ms: Annotated[int, Field(gt=0)] = 500
     upstream_connect_timeout_ms: Annotated[int, Field(gt=0)] = 2_000
     # Whole answer (or, streaming, the gap between two chunks): generation takes seconds.
     upstream_timeout_ms: Annotated[int, Field(gt=0)] = 120_000

@@ -128,6 +128,15 @@ class TierCache:
         )
         return result("hit", hit=hit)
 
+    async def prefix(self, keys: list[str]) -> int:
+        """How many leading KV blocks of `keys` the tier node holds (what a connector could load)."""
+        if not self.breaker.allow():
+            return 0
+        async with asyncio.timeout(self.lookup_timeout_s):
+            response = await self.http.post("/v1/prefix", json={"keys": keys}, timeout=self.lookup_timeout_s)
+        response.raise_for_status()
+        return int(response.json()["prefix_blocks"])
+
     async def store(self, entry: Entry, answer: Mapping[str, Any]) -> bool:
         body: dict[str, Any] = {
             "value": {"text": encode_answer(answer)},

@@ -17,7 +17,9 @@ from schemas.events import ConversationEnded, ConversationStarted, Event
 from services.gateway.answers import decode_answer, encode_answer
 from services.gateway.api import create_app
 from services.gateway.breaker import FailureBreaker
+from services.gateway.engines import Engine, Engines
 from services.gateway.proxy import Proxy
+from services.gateway.routing import Instance
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse import SseParser
 from services.gateway.tier_cache import TierCache
@@ -116,7 +118,13 @@ async def gateway() -> AsyncIterator[Callable[..., Any]]:
             breaker,
             timeout_s=5,
         )
-        world.proxy = Proxy(settings, cache, up, publish, clock_ms=lambda: 0)
+        engines = Engines(
+            [Engine("upstream", "upstream", up, Instance("upstream"), "http://up/metrics")],
+            tokens=None,
+            model=None,
+            block_size=16,
+        )
+        world.proxy = Proxy(settings, cache, engines, publish, clock_ms=lambda: 0)
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(create_app(world.proxy, settings, lambda: {})),
             base_url="http://gw",

@@ -1,0 +1,221 @@
+"""The gateway's engine instances and the route to one: an `Upstream` per instance, each instance's KV
+blocks as its KV events tell them (`kv.events.v1` from the bridge, by engine id), its load (requests in
+flight from here, its queue from its `/metrics`), the prompt's block keys (the model's own tokenizer and
+chat template, the content keys of cachemesh_client/kvkeys.py), what the tiers hold of them, and the
+choice (routing.py), counted and explained. With one upstream there is nothing to choose.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from cachemesh_client.kvkeys import block_keys
+from prometheus_client import Counter, Histogram
+
+from schemas.events import Event, KvBlockRemoved, KvBlockStored
+from services.gateway.routing import DEFAULT_WEIGHTS, Choice, Instance, Weights, choose
+from services.gateway.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+ROUTED = Counter(
+    "cachemesh_gateway_routed_total", "Requests routed, by instance and reason", ["instance", "reason"]
+)
+PREDICTED = Histogram(
+    "cachemesh_gateway_route_predicted_blocks",
+    "Blocks of prompt the chosen instance was predicted not to compute (its prefix + the tiers')",
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+REALISED = Histogram(
+    "cachemesh_gateway_route_realised_blocks",
+    "Blocks of prompt the engine reported cached (usage.prompt_tokens_details.cached_tokens)",
+    buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+
+
+class PromptTokens:
+    """A model's own tokenizer and chat template, from its directory (no hub): the token ids the engine
+    will see, so the block keys are the engine's."""
+
+    def __init__(self, model_dir: str) -> None:
+        from transformers import AutoTokenizer  # heavy: only when routing by prefix
+
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
+
+    def of(self, body: Mapping[str, Any]) -> list[int] | None:
+        """The prompt's token ids, or None when it cannot say (the route then goes by load)."""
+        try:
+            if "messages" in body:
+                messages = [{"role": m["role"], "content": _text(m.get("content"))} for m in body["messages"]]
+                ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+                return list(ids["input_ids"] if isinstance(ids, Mapping) else ids)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+                return list(prompt)
+            if isinstance(prompt, str):
+                return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        except Exception as exc:  # a template that refuses these messages: route by load
+            log.debug("prompt not tokenized for routing", extra={"error": repr(exc)})
+        return None
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
+    return ""
+
+
+@dataclass
+class Engine:
+    name: str
+    engine_id: str  # the `node_id` of its KV events
+    upstream: Upstream
+    state: Instance
+    metrics_url: str
+
+
+@dataclass
+class Route:
+    engine: Engine
+    choice: Choice | None
+    keys: list[str] = field(default_factory=list)
+
+
+class Engines:
+    def __init__(
+        self,
+        engines: Sequence[Engine],
+        *,
+        tokens: PromptTokens | None,
+        model: str | None,
+        block_size: int,
+        tiers_prefix: Callable[[list[str]], Any] | None = None,
+        weights: Weights = DEFAULT_WEIGHTS,
+    ) -> None:
+        if not engines:
+            raise ValueError("no upstream configured")
+        self.engines = list(engines)
+        self.by_engine_id = {e.engine_id: e for e in self.engines}
+        self.tokens = tokens
+        self.model = model
+        self.block_size = block_size
+        self.tiers_prefix = tiers_prefix
+        self.weights = weights
+        self.sticky: dict[str, str] = {}  # conversation -> instance it was last routed to
+        self.counts: dict[str, int] = {}
+
+    @property
+    def first(self) -> Engine:
+        return self.engines[0]
+
+    def by_name(self, name: str) -> Engine:
+        return next(e for e in self.engines if e.name == name)
+
+    # --- what the engines report ------------------------------------------------------------------
+
+    def on_kv_event(self, event: Event) -> None:
+        node = getattr(event, "node_id", None)
+        engine = self.by_engine_id.get(node) if node is not None else None
+        if engine is None:
+            return
+        if isinstance(event, KvBlockStored):
+            engine.state.stored(event.block_hash)
+        elif isinstance(event, KvBlockRemoved):  # an engine's reset or restart arrives as removals too
+            engine.state.removed(event.block_hash)
+
+    async def poll_queues(self, http: httpx.AsyncClient) -> None:
+        """Each engine's queue (vllm:num_requests_waiting) and whether it answers at all."""
+        for engine in self.engines:
+            try:
+                response = await http.get(engine.metrics_url, timeout=2.0)
+                engine.state.waiting = int(_gauge(response.text, "vllm:num_requests_waiting"))
+            except (httpx.HTTPError, ValueError):
+                engine.state.waiting = 0
+
+    # --- choosing ---------------------------------------------------------------------------------
+
+    async def route(
+        self, body: Mapping[str, Any], model: str, conversation: str | None, exclude: set[str]
+    ) -> Route:
+        """The engine for a request (never one in `exclude`, nor one whose breaker is open while another
+        is not); with one engine, that one."""
+        for engine in self.engines:
+            engine.state.healthy = engine.name not in exclude and engine.upstream.breaker.allow()
+        candidates = [e for e in self.engines if e.state.healthy] or [
+            e for e in self.engines if e.name not in exclude
+        ]
+        if not candidates:
+            raise LookupError("every upstream failed this request")
+        if len(self.engines) == 1 or len(candidates) == 1:
+            return Route(candidates[0], None)
+        keys = self._keys(body, model)
+        held = await self._tiers_held(keys) if keys else 0
+        sticky = self.sticky.get(conversation) if conversation is not None else None
+        choice = choose([e.state for e in candidates], keys, held, sticky=sticky, weights=self.weights)
+        assert choice is not None
+        engine = self.by_name(choice.instance)
+        if conversation is not None:
+            self.sticky[conversation] = engine.name
+            if len(self.sticky) > 100_000:
+                self.sticky.pop(next(iter(self.sticky)))
+        ROUTED.labels(engine.name, choice.reason).inc()
+        PREDICTED.observe(choice.predicted_blocks)
+        self.counts[choice.reason] = self.counts.get(choice.reason, 0) + 1
+        return Route(engine, choice, keys)
+
+    def _keys(self, body: Mapping[str, Any], model: str) -> list[str]:
+        if self.tokens is None:
+            return []
+        ids = self.tokens.of(body)
+        if not ids:
+            return []
+        return block_keys(ids, model=self.model or model, block_size=self.block_size)
+
+    async def _tiers_held(self, keys: list[str]) -> int:
+        if self.tiers_prefix is None:
+            return 0
+        with contextlib.suppress(Exception):  # the tiers are advice here: without them, no tier blocks
+            return int(await self.tiers_prefix(keys))
+        return 0
+
+    @staticmethod
+    def realised(route: Route, answer: Mapping[str, Any], block_size: int) -> None:
+        """What the engine says it had cached, beside what was predicted (vLLM with
+        --enable-prompt-tokens-details reports it)."""
+        usage = answer.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens")
+        if route.choice is not None and isinstance(cached, int):
+            REALISED.observe(cached // block_size)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "instances": [
+                {
+                    "name": e.name,
+                    "engine_id": e.engine_id,
+                    "healthy": e.upstream.breaker.allow(),
+                    "in_flight": e.state.in_flight,
+                    "waiting": e.state.waiting,
+                    "blocks": len(e.state.blocks),
+                    "calls": e.upstream.calls,
+                }
+                for e in self.engines
+            ],
+            "reasons": dict(self.counts),
+        }
+
+
+def _gauge(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

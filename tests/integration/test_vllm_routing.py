@@ -1,0 +1,192 @@
+"""The gateway routing over two real vLLM instances (services/gateway/engines.py, routing.py), with the
+`openai` client: the block keys the gateway computes from a chat request (the model's own tokenizer and
+chat template) are the ones the bridge learns from the engine's KV events; a prompt that extends one
+an instance computed goes to that instance (by prefix), a conversation stays on its instance, chat and
+completions stream with usage through it, and when an instance dies (mid-stream, even) the next
+requests go to the other and none fails."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from infra.topics import ensure_topics
+from infra.vllm_server import BLOCK_SIZE, VllmServer
+from schemas.events import KvBlockStored
+from services.bridge.service import BridgeService
+from services.bridge.settings import BridgeSettings, PublisherConfig
+from services.gateway.service import GatewayService
+from services.gateway.settings import GatewaySettings, UpstreamConfig
+from tests.integration.conftest import kafka_settings_for
+from tests.integration.nodes import running, serving, until
+from tests.integration.test_bridge_service import Tap
+from tests.integration.test_vllm_connector import node_settings_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
+
+MODEL = "cachemesh-tiny"
+WORDS = "the cache holds every block of a prompt an engine computed before and loads it again".split()
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[tuple[VllmServer, VllmServer]]:
+    a, b = VllmServer(kv_blocks=256), VllmServer(kv_blocks=256)
+    with contextlib.ExitStack() as stack:
+        for server in (a, b):
+            server.start()
+            stack.callback(server.stop)
+        yield a, b
+
+
+@contextlib.asynccontextmanager
+async def mesh(  # type: ignore[no-untyped-def]
+    kafka, postgres, pg_settings, a: VllmServer, b: VllmServer
+) -> AsyncIterator[tuple[GatewayService, openai.AsyncOpenAI, Tap, str]]:
+    namespace = f"t{uuid.uuid4().hex[:10]}."
+    await ensure_topics(kafka.bootstrap, namespace)
+    ids = {"a": f"vllm-a-{namespace}", "b": f"vllm-b-{namespace}"}
+    bridge = BridgeSettings(
+        kafka=kafka_settings_for(kafka, namespace),
+        postgres=pg_settings,
+        publishers=[
+            PublisherConfig(
+                engine_id=ids[name],
+                endpoint=server.events_endpoint,
+                replay_endpoint=server.replay_endpoint,
+                topic="kv-events",
+                model=MODEL,
+            )
+            for name, server in (("a", a), ("b", b))
+        ],
+        replay_history_on_first_start=False,
+    )
+    async with (
+        running(node_settings_for(kafka, pg_settings, namespace, "gw-node")) as node,
+        Tap(kafka.bootstrap, f"{namespace}{KvBlockStored.topic}") as tap,
+        serving(BridgeService(bridge)),
+    ):
+        settings = GatewaySettings(
+            node_id=f"gw-{namespace}",
+            api_port=0,
+            metrics_port=0,
+            upstreams=[
+                UpstreamConfig(name="a", url=f"{a.url}/v1", engine_id=ids["a"]),
+                UpstreamConfig(name="b", url=f"{b.url}/v1", engine_id=ids["b"]),
+            ],
+            routing_tokenizer_dir=str(a.model_dir),
+            routing_model=MODEL,
+            routing_block_size=BLOCK_SIZE,
+            tiers_url=node.api_url,
+            lookup_timeout_ms=10_000,
+            queue_poll_ms=200,
+            breaker_consecutive=1,
+            breaker_cooldown_ms=60_000,
+            kafka=kafka_settings_for(kafka, namespace),
+        )
+        async with serving(GatewayService(settings)) as gateway:
+            client = openai.AsyncOpenAI(base_url=f"{gateway.api_url}/v1", api_key="unused", max_retries=0)
+            try:
+                yield gateway, client, tap, namespace
+            finally:
+                await client.close()
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+async def chat(client: openai.AsyncOpenAI, text: str, **kw: Any) -> tuple[httpx.Headers, Any]:
+    raw = await client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=4,
+        temperature=0.7,  # not cacheable by the gateway's default policy: every request is routed
+        **kw,
+    )
+    return raw.headers, raw.parse()
+
+
+async def test_routing_by_prefix_conversation_and_failover(kafka, postgres, pg_settings, engines) -> None:
+    a, b = engines
+    rng = random.Random(21)
+    async with mesh(kafka, postgres, pg_settings, a, b) as (gateway, client, tap, _):
+        assert gateway.engines is not None
+        # 1. The gateway's keys for a chat request are the engine's (its tokenizer and chat template).
+        first = words(rng, 120)
+        headers, _ = await chat(client, first)
+        where = headers["x-cachemesh-instance"]
+        body = {"model": MODEL, "messages": [{"role": "user", "content": first}]}
+        keys = gateway.engines._keys(body, MODEL)
+        assert len(keys) >= 3
+        await until(
+            lambda: set(keys) <= {e.block_hash for e in tap.events() if isinstance(e, KvBlockStored)},
+            timeout_s=60,
+            step_s=0.05,
+        )
+        owner = gateway.engines.by_name(where)
+        await until(lambda: owner.state.prefix(keys) == len(keys), timeout_s=60, step_s=0.05)
+
+        # 2. A longer prompt starting with it goes where its prefix is, whatever the load tie says.
+        for _ in range(3):
+            headers, _ = await chat(client, first + " " + words(rng, 40))
+            assert headers["x-cachemesh-instance"] == where
+            assert headers["x-cachemesh-route"] == "prefix"
+            assert int(headers["x-cachemesh-route-predicted-blocks"]) >= len(keys)
+
+        # 3. A conversation stays on its instance (nothing cached anywhere: affinity decides).
+        conv = {"x-cachemesh-conversation-id": f"conv-{uuid.uuid4().hex[:6]}"}
+        seen = set()
+        for _ in range(3):
+            headers, _ = await chat(client, words(rng, 30), extra_headers=conv)
+            seen.add(headers["x-cachemesh-instance"])
+        assert len(seen) == 1
+
+        # 4. Chat and completions stream through with usage.
+        stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": words(rng, 20)}],
+            max_tokens=4,
+            temperature=0.7,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
+        completion = await client.completions.create(
+            model=MODEL, prompt=words(rng, 20), max_tokens=4, temperature=0.7, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        pieces = [c async for c in completion]
+        assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 4
+
+        # 5. The instance holding the prefix dies mid-stream: that stream may break off, the next
+        #    requests (the same prefix too) go to the other, and none fails.
+        victim = a if where == "a" else b
+        long_stream = await client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": first + " " + words(rng, 10)}],
+            max_tokens=200,
+            temperature=0.7,
+            stream=True,
+        )
+        got_one = False
+        with contextlib.suppress(openai.APIError, httpx.HTTPError):
+            async for _chunk in long_stream:
+                if not got_one:
+                    got_one = True
+                    await asyncio.to_thread(victim.kill)
+        assert got_one
+        other = "b" if where == "a" else "a"
+        for _ in range(4):
+            headers, answer = await chat(client, first + " " + words(rng, 20))
+            assert headers["x-cachemesh-instance"] == other and answer.choices[0].message.content is not None
+        counts = gateway.stats()["requests"]
+        assert counts["rerouted"] >= 1  # the first one after the kill tried the dead instance

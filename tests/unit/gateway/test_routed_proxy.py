@@ -1,0 +1,85 @@
+"""The proxy over several instances (no sockets: httpx's mock transports): an instance that cannot be
+reached is left out and the request answered by the next; with none left the answer is a 502 in
+OpenAI's shape; in-flight counts go back to zero either way; each answer names its instance."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from schemas.events import Event
+from services.gateway.api import create_app
+from services.gateway.breaker import FailureBreaker
+from services.gateway.engines import Engine, Engines
+from services.gateway.proxy import Proxy
+from services.gateway.routing import Instance
+from services.gateway.settings import GatewaySettings
+from services.gateway.tier_cache import TierCache
+from services.gateway.upstream import Upstream
+
+ANSWER = {
+    "id": "x",
+    "object": "chat.completion",
+    "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+}
+
+
+def engine(name: str, handler: Any) -> Engine:
+    upstream = Upstream(
+        httpx.AsyncClient(transport=httpx.MockTransport(handler), base_url=f"http://{name}/v1"),
+        FailureBreaker(consecutive=1, window=10, min_calls=10, cooldown_ms=60_000, clock=lambda: 0),
+        timeout_s=5,
+    )
+    return Engine(name, name, upstream, Instance(name), f"http://{name}/metrics")
+
+
+async def refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+async def answers(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json=ANSWER)
+
+
+async def miss(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, json={"hit": False})
+
+
+async def ask(engines: Engines) -> httpx.Response:
+    async def publish(event: Event, wait: bool) -> None:
+        return None
+
+    settings = GatewaySettings(kafka={"bootstrap": "unused:1"})  # type: ignore[arg-type]
+    cache = TierCache(
+        httpx.AsyncClient(transport=httpx.MockTransport(miss), base_url="http://tiers"),
+        FailureBreaker(consecutive=5, window=10, min_calls=10, failure_ratio=1.0, clock=lambda: 0),
+        lookup_timeout_s=5,
+        store_timeout_s=5,
+    )
+    proxy = Proxy(settings, cache, engines, publish, clock_ms=lambda: 0)
+    app = create_app(proxy, settings, lambda: {})
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
+        body = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "temperature": 0.5}
+        return await client.post("/v1/chat/completions", json=body)
+
+
+async def test_an_unreachable_instance_is_left_out_and_the_next_answers() -> None:
+    engines = Engines([engine("a", refused), engine("b", answers)], tokens=None, model=None, block_size=16)
+    response = await ask(engines)
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "hi"
+    assert response.headers["x-cachemesh-instance"] == "b"
+    assert [e.state.in_flight for e in engines.engines] == [0, 0]
+    assert not engines.engines[0].upstream.breaker.allow()  # a is out until its cooldown
+    # the next request does not try a at all
+    again = await ask(engines)
+    assert again.headers["x-cachemesh-instance"] == "b" and engines.engines[0].upstream.calls == 1
+
+
+async def test_with_every_instance_unreachable_the_answer_is_a_502() -> None:
+    engines = Engines([engine("a", refused), engine("b", refused)], tokens=None, model=None, block_size=16)
+    response = await ask(engines)
+    assert response.status_code == 502 and response.json()["error"]["type"] == "upstream_error"
+    assert [e.upstream.calls for e in engines.engines] == [1, 1]
+    assert [e.state.in_flight for e in engines.engines] == [0, 0]
