@@ -66,6 +66,7 @@ class VllmServer(ManagedServer):
         max_model_len: int = 2048,
         connector: Mapping[str, Any] | None = None,
         events: bool = True,
+        prefix_caching: bool = True,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
@@ -78,6 +79,7 @@ class VllmServer(ManagedServer):
         )
         self.connector = dict(connector) if connector is not None else None
         self.events = events
+        self.prefix_caching = prefix_caching
         self.extra_args = tuple(extra_args)
         self.extra_env = dict(env or {})
         # vLLM binds its PUB socket only to wildcard and ipc endpoints (it connects to the others, and a
@@ -120,7 +122,7 @@ class VllmServer(ManagedServer):
             str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(self.model_dir),
             "--served-model-name", self.model,
             "--dtype", "bfloat16",
-            "--enable-prefix-caching",
+            "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
             "--block-size", str(BLOCK_SIZE),
             "--max-model-len", str(self.max_model_len),
             "--host", LOOPBACK, "--port", str(self.port),

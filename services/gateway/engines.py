@@ -87,6 +87,20 @@ class Route:
     choice: Choice | None
     keys: list[str] = field(default_factory=list)
 
+    @property
+    def compute_blocks(self) -> float:
+        """Blocks of its prompt the engine will compute (at least one: the last is always computed)."""
+        predicted = 0 if self.choice is None else self.choice.predicted_blocks
+        return float(max(1, len(self.keys) - predicted))
+
+    def started(self) -> None:
+        self.engine.state.in_flight += 1
+        self.engine.state.pending_blocks += self.compute_blocks
+
+    def ended(self) -> None:
+        self.engine.state.in_flight -= 1
+        self.engine.state.pending_blocks = max(0.0, self.engine.state.pending_blocks - self.compute_blocks)
+
 
 class Engines:
     def __init__(
@@ -153,9 +167,9 @@ class Engines:
         ]
         if not candidates:
             raise LookupError("every upstream failed this request")
+        keys = self._keys(body, model) if len(self.engines) > 1 else []
         if len(self.engines) == 1 or len(candidates) == 1:
-            return Route(candidates[0], None)
-        keys = self._keys(body, model)
+            return Route(candidates[0], None, keys)
         held = await self._tiers_held(keys) if keys else 0
         sticky = self.sticky.get(conversation) if conversation is not None else None
         choice = choose([e.state for e in candidates], keys, held, sticky=sticky, weights=self.weights)
@@ -203,6 +217,7 @@ class Engines:
                     "engine_id": e.engine_id,
                     "healthy": e.upstream.breaker.allow(),
                     "in_flight": e.state.in_flight,
+                    "pending_blocks": e.state.pending_blocks,
                     "waiting": e.state.waiting,
                     "blocks": len(e.state.blocks),
                     "calls": e.upstream.calls,

@@ -271,12 +271,12 @@ class Proxy:
         out: dict[str, str],
         entry: Entry | None,
     ) -> Response:
-        upstream, state = chosen.engine.upstream, chosen.engine.state
-        state.in_flight += 1
+        upstream = chosen.engine.upstream
+        chosen.started()
         try:
             response = await upstream.request("POST", path, upstream.headers(incoming), raw)
         finally:
-            state.in_flight -= 1
+            chosen.ended()
         if response.status_code >= 400:
             self._count("upstream_errors")
             return _relayed(response, out)
@@ -301,15 +301,15 @@ class Proxy:
         out: dict[str, str],
         entry: Entry | None,
     ) -> Response:
-        upstream, state = chosen.engine.upstream, chosen.engine.state
-        state.in_flight += 1
+        upstream = chosen.engine.upstream
+        chosen.started()
         try:
             response = await upstream.open_stream(path, upstream.headers(incoming), raw)
         except BaseException:
-            state.in_flight -= 1
+            chosen.ended()
             raise
         if response.status_code != 200:
-            state.in_flight -= 1
+            chosen.ended()
             self._count("upstream_errors")
             return _relayed(response, out)
         out["cache-control"] = "no-cache"
@@ -346,7 +346,7 @@ class Proxy:
             log.warning("upstream stream broke off", extra={"error": repr(exc)})
         finally:
             await response.aclose()
-            chosen.engine.state.in_flight -= 1
+            chosen.ended()
             # A caller that went away is no fault of the upstream's.
             chosen.engine.upstream.stream_done(not failed)
         if entry is not None and done and not failed:

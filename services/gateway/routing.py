@@ -6,9 +6,12 @@ cheaper than recomputing, not free), and a conversation stays on its instance un
 
 Units are blocks of prompt a request need not compute: an instance's score is
 
-    held + tier_value * (from_tiers) - load_cost * (in flight + waiting in its queue)
+    held + tier_value * from_tiers - pending - load_cost * waiting
 
-where `held` is the instance's own prefix hit and `from_tiers` the blocks past it the tiers hold. The
+where `held` is the instance's own prefix hit, `from_tiers` the blocks past it the tiers hold, `pending`
+the blocks the requests this gateway sent it are still computing (a request waits for those as it
+would for its own: the wait behind a long cold prompt is long, behind a cached one short), and
+`waiting` the requests queued in the engine that this gateway did not count (its /metrics). The
 conversation's instance wins unless another scores `affinity_slack` blocks more. Unhealthy instances are
 never chosen; with none healthy there is no choice.
 """
@@ -31,6 +34,7 @@ class Instance:
     capacity_blocks: int = 1_000_000  # bound on the blocks remembered (its KV pool, when known)
     healthy: bool = True
     in_flight: int = 0
+    pending_blocks: float = 0.0  # blocks of prompt its requests in flight from here still compute
     waiting: int = 0  # requests queued in the engine (vllm:num_requests_waiting)
     blocks: OrderedDict[str, None] = field(default_factory=OrderedDict)
 
@@ -59,6 +63,10 @@ class Instance:
     def load(self) -> int:
         return self.in_flight + self.waiting
 
+    def cost(self, weights: Weights) -> float:
+        """The blocks of compute a new request would wait behind here."""
+        return self.pending_blocks + weights.load_cost * self.waiting
+
 
 @dataclass(frozen=True, slots=True)
 class Choice:
@@ -72,7 +80,7 @@ class Choice:
 @dataclass(frozen=True, slots=True)
 class Weights:
     tier_value: float = 0.8  # a block loaded from the tiers, against one held (1.0) or computed (0.0)
-    load_cost: float = 4.0  # blocks of prompt a request ahead in the queue is worth
+    load_cost: float = 4.0  # blocks a request queued in the engine (not sent from here) is worth
     affinity_slack: float = 8.0  # how much better another instance must score to move a conversation
 
 
@@ -95,7 +103,7 @@ def choose(
             continue
         held = inst.prefix(keys)
         from_tiers = max(0, tiers_held - held)
-        score = held + weights.tier_value * from_tiers - weights.load_cost * inst.load
+        score = held + weights.tier_value * from_tiers - inst.cost(weights)
         scored.append((score, held, from_tiers, inst))
     if not scored:
         return None

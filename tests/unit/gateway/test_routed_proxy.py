@@ -70,7 +70,7 @@ async def test_an_unreachable_instance_is_left_out_and_the_next_answers() -> Non
     response = await ask(engines)
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "hi"
     assert response.headers["x-cachemesh-instance"] == "b"
-    assert [e.state.in_flight for e in engines.engines] == [0, 0]
+    assert [(e.state.in_flight, e.state.pending_blocks) for e in engines.engines] == [(0, 0.0), (0, 0.0)]
     assert not engines.engines[0].upstream.breaker.allow()  # a is out until its cooldown
     # the next request does not try a at all
     again = await ask(engines)
@@ -82,4 +82,4 @@ async def test_with_every_instance_unreachable_the_answer_is_a_502() -> None:
     response = await ask(engines)
     assert response.status_code == 502 and response.json()["error"]["type"] == "upstream_error"
     assert [e.upstream.calls for e in engines.engines] == [1, 1]
-    assert [e.state.in_flight for e in engines.engines] == [0, 0]
+    assert [(e.state.in_flight, e.state.pending_blocks) for e in engines.engines] == [(0, 0.0), (0, 0.0)]

@@ -40,17 +40,23 @@ def test_blocks_in_the_tiers_count_for_less_than_held_ones() -> None:
     choice = choose([holding("a", 5), holding("b", 4)], KEYS, tiers_held=8)
     assert choice is not None and choice.instance == "a" and choice.predicted_blocks == 8
     # with nothing held anywhere, the tiers make every instance equal: load decides
-    choice = choose([holding("a", 0, in_flight=1), holding("b", 0)], KEYS, tiers_held=8)
+    choice = choose([holding("a", 0, pending_blocks=2.0), holding("b", 0)], KEYS, tiers_held=8)
     assert choice is not None and (choice.instance, choice.reason) == ("b", "load")
 
 
 def test_load_takes_blocks_off() -> None:
-    busy = holding("a", 6, in_flight=1, waiting=1)  # 6 - 2 * 4 = -2
+    # The blocks the instance is still computing for requests sent to it: a request waits for them.
+    busy = holding("a", 6, in_flight=1, pending_blocks=8.0)  # 6 - 8 = -2
     idle = holding("b", 1)  # 1
     choice = choose([busy, idle], KEYS, tiers_held=0)
     assert choice is not None and choice.instance == "b"
+    busy.pending_blocks = 3.0  # a cached request ahead of it costs little: 6 - 3 = 3 > 1
+    assert choose([busy, idle], KEYS, tiers_held=0).instance == "a"  # type: ignore[union-attr]
+    # Requests in the engine's queue that this gateway did not send count `load_cost` blocks each.
+    queued = holding("c", 6, waiting=2)
+    assert choose([queued, idle], KEYS, tiers_held=0).instance == "b"  # type: ignore[union-attr]
     light = Weights(load_cost=1.0)
-    assert choose([busy, idle], KEYS, tiers_held=0, weights=light).instance == "a"  # type: ignore[union-attr]
+    assert choose([queued, idle], KEYS, tiers_held=0, weights=light).instance == "c"  # type: ignore[union-attr]
 
 
 def test_a_conversation_stays_unless_another_is_clearly_better() -> None:
@@ -60,7 +66,7 @@ def test_a_conversation_stays_unless_another_is_clearly_better() -> None:
     b.waiting = 0
     for key in KEYS:
         b.stored(key)
-    a.in_flight = 3  # 3 - 12 = -9 against b's 10: moved
+    a.pending_blocks = 12.0  # 3 - 12 = -9 against b's 10: moved
     assert choose([a, b], KEYS, tiers_held=0, sticky="a").instance == "b"  # type: ignore[union-attr]
 
 

@@ -1,0 +1,467 @@
+"""A multi-turn replay shaped like the Mooncake conversation trace against 2 real vLLM instances whose own
+KV pools are too small for the working set, side by side in one run:
+
+- round_robin: the instances in turn, without prefix caching;
+- round_robin_prefix: in turn, with vLLM's own prefix cache;
+- routed: through the gateway, routed by the KV each instance holds (its KV events, via the bridge),
+  conversation and load (services/gateway/routing.py);
+- routed_tiers: the same, and the instances save to and load from cachemesh's tiers (the connector);
+- routed_tiers_warmup: not measured yet (warmup does not act on a real engine yet).
+
+By default 16 conversations of the trace (requests sharing a first block) are drawn, and all their
+requests kept in the trace's order. The requests keep their prefix structure: each Mooncake block id
+(512 tokens there) becomes one 32-token block of the engine, the same tokens wherever the id appears,
+so requests that share a prefix of ids share a prefix of KV; a few tokens of its own end every
+prompt. Two clients
+send them in trace order (a closed loop). Per row: TTFT mean / p50 / p95 (streamed, to the first token),
+the prefix-cache hit rate of each instance and in all (tokens found in its own cache or loaded through
+the connector, over tokens asked, from vLLM's `/metrics`), and the prompt tokens computed.
+
+Run: `python -m bench.engine_replay [--trace PATH] [--sessions N | --sessions 0 --start N]
+[--requests N] [--max-blocks N] [--kv-blocks N] [--rows a,b] [--seed N]`. Prints the table, writes
+`bench/results/engine_replay.json`
+(`{"rows": {name: {"ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "prefix_hit_rate", ...}}}`) and
+`engine_replay.png`. A real broker and Postgres as bench.engine (env or its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from bench.engine import TierNode
+from infra.brokers import broker_from_env
+from infra.paths import free_port, shared_data_dir
+from infra.postgres import postgres_from_env
+from infra.process import ServerProcess
+from infra.topics import ensure_topics
+from infra.vllm_env import SMALL
+from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
+
+RESULTS = Path(__file__).parent / "results"
+REPO = Path(__file__).resolve().parent.parent
+ROWS = ("round_robin", "round_robin_prefix", "routed", "routed_tiers")
+VOCAB = (10, 2000)
+TAIL = 8  # tokens of its own at the end of every prompt
+CLIENTS = 2
+
+
+@dataclass(frozen=True)
+class Request:
+    hash_ids: tuple[int, ...]
+    output: int
+    tail_seed: int
+
+    def tokens(self) -> list[int]:
+        out: list[int] = []
+        for h in self.hash_ids:
+            rng = random.Random(h * 1_000_003 + 17)
+            out.extend(rng.randrange(*VOCAB) for _ in range(BLOCK_SIZE))
+        rng = random.Random(self.tail_seed)
+        return out + [rng.randrange(*VOCAB) for _ in range(TAIL)]
+
+
+def read_requests(
+    path: Path, start: int, count: int, max_blocks: int, sessions: int, seed: int = 0
+) -> list[Request]:
+    """Requests of the trace in its order. With `sessions`, conversations (requests sharing their first
+    block, three or more of them) are drawn at random and all their requests kept, interleaved as the
+    trace has them: the trace's turns and shared prefixes, scaled down to what a CPU model serves in
+    minutes. Without, requests `start`.. in a row."""
+    rows = []
+    with open(path) as fh:
+        for i, line in enumerate(fh):
+            if line.strip():
+                r = json.loads(line)
+                rows.append((i, tuple(r["hash_ids"][:max_blocks]), min(int(r["output_length"]), 8)))
+    if sessions:
+        groups: dict[int, list[int]] = {}
+        for n, (_, ids, _) in enumerate(rows):
+            groups.setdefault(ids[0], []).append(n)
+        multi = sorted(k for k, v in groups.items() if len(v) >= 3)
+        picked = set(random.Random(seed).sample(multi, min(sessions, len(multi))))
+        rows = [row for row in rows if row[1][0] in picked]
+    else:
+        rows = rows[start:]
+    return [Request(ids, out, i) for i, ids, out in rows[:count]]
+
+
+def reuse_bound(requests: list[Request]) -> float:
+    """The share of blocks a cache that never evicts would find (the trace slice's own reuse)."""
+    seen: set[int] = set()
+    hits = total = 0
+    for r in requests:
+        for h in r.hash_ids:
+            if h not in seen:
+                break
+            hits += 1
+        total += len(r.hash_ids)
+        seen.update(r.hash_ids)
+    return hits / max(total, 1)
+
+
+def ttft_ms(url: str, model: str, tokens: list[int], output: int, headers: dict[str, str]) -> float:
+    body = {"model": model, "prompt": tokens, "max_tokens": max(output, 1), "temperature": 0, "stream": True}
+    started = time.perf_counter()
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=300) as r:
+        r.raise_for_status()
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    first = time.perf_counter()
+                    for _ in lines:  # the rest of the answer, so the engine is free for the next
+                        pass
+                    return (first - started) * 1000
+    raise RuntimeError("no token streamed")
+
+
+COUNTERS = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:external_prefix_cache_hits_total",
+    "vllm:prompt_tokens_total",
+)
+
+
+def counters(engine: VllmServer) -> dict[str, float]:
+    got = engine.metrics()
+    return {k: got.get(k, 0.0) for k in COUNTERS}
+
+
+def replay(
+    requests: list[Request], engines: list[VllmServer], gateway_url: str | None, progress: Progress, row: str
+) -> dict[str, Any]:
+    before = [counters(e) for e in engines]
+    task = progress.add_task(row, total=len(requests))
+    lock = threading.Lock()
+    turn = [0]
+
+    def one(req: Request) -> float:
+        if gateway_url is not None:
+            url, headers = gateway_url, {"x-cachemesh-bypass": "1"}  # KV reuse only: no answer cache
+        else:
+            with lock:
+                url, turn[0] = engines[turn[0] % len(engines)].url, turn[0] + 1
+            headers = {}
+        ms = ttft_ms(url, engines[0].model, req.tokens(), req.output, headers)
+        progress.advance(task)
+        return ms
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        ttfts = list(pool.map(one, requests))
+    after = [counters(e) for e in engines]
+    per_instance = []
+    for b, a in zip(before, after, strict=True):
+        d = {k: a[k] - b[k] for k in COUNTERS}
+        found = d["vllm:prefix_cache_hits_total"] + d["vllm:external_prefix_cache_hits_total"]
+        per_instance.append(
+            {
+                "queried_tokens": d["vllm:prefix_cache_queries_total"],
+                "own_cache_tokens": d["vllm:prefix_cache_hits_total"],
+                "loaded_tokens": d["vllm:external_prefix_cache_hits_total"],
+                "prompt_tokens": d["vllm:prompt_tokens_total"],
+                "hit_rate": found / d["vllm:prompt_tokens_total"] if d["vllm:prompt_tokens_total"] else 0.0,
+            }
+        )
+    prompt = sum(p["prompt_tokens"] for p in per_instance)
+    found = sum(p["own_cache_tokens"] + p["loaded_tokens"] for p in per_instance)
+    return {
+        "ttft_ms_mean": statistics.fmean(ttfts),
+        "ttft_ms_p50": float(np.percentile(ttfts, 50)),
+        "ttft_ms_p95": float(np.percentile(ttfts, 95)),
+        "prefix_hit_rate": found / prompt if prompt else 0.0,
+        "tokens_computed": prompt - found,
+        "prompt_tokens": prompt,
+        "per_instance": per_instance,
+        "ttft_ms": ttfts,
+    }
+
+
+class Service:
+    """A mesh service as its own process (`python -m services.<name>`), ready once /healthz says so."""
+
+    def __init__(self, name: str, env: dict[str, str], logs: Path) -> None:
+        self.name, self.env, self.logs = name, env, logs
+        self.metrics_port = free_port()
+        self.proc: ServerProcess | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            **self.env,
+            f"CACHEMESH_{self.name.upper()}_METRICS_PORT": str(self.metrics_port),
+        }
+        self.proc = ServerProcess(
+            [sys.executable, "-m", f"services.{self.name}"],
+            log_path=self.logs / f"{self.name}.log",
+            env=env,
+            cwd=REPO,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if not self.proc.is_alive():
+                raise RuntimeError(f"{self.name} exited:\n{self.proc.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                health = httpx.get(f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2).json()
+                if health.get("healthy"):
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"{self.name} not healthy:\n{self.proc.log_tail()}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(10)
+
+
+def engine_pair(**kw: Any) -> list[VllmServer]:
+    """Two instances, each computing on a core of its own where there are two (as two GPUs would:
+    otherwise they take turns on one core and spreading load gains nothing)."""
+    cores = sorted(os.sched_getaffinity(0))
+    return [
+        VllmServer(
+            SMALL, max_model_len=2048, env={"VLLM_CPU_OMP_THREADS_BIND": str(cores[i % len(cores)])}, **kw
+        )
+        for i in range(2)
+    ]
+
+
+def routed_row(
+    name: str,
+    engines: list[VllmServer],
+    requests: list[Request],
+    common: dict[str, str],
+    node: TierNode,
+    logs: Path,
+    progress: Progress,
+) -> dict[str, Any]:
+    ns = common["KAFKA_TOPIC_NAMESPACE"]
+    ids = [f"{name}-{i}-{ns}" for i in range(len(engines))]
+    bridge = Service(
+        "bridge",
+        {
+            **common,
+            "CACHEMESH_BRIDGE_NODE_ID": f"bridge-{name}-{ns}",
+            "CACHEMESH_BRIDGE_REPLAY_HISTORY_ON_FIRST_START": "false",
+            "CACHEMESH_BRIDGE_PUBLISHERS": json.dumps(
+                [
+                    {
+                        "engine_id": eid,
+                        "endpoint": e.events_endpoint,
+                        "replay_endpoint": e.replay_endpoint,
+                        "topic": "kv-events",
+                        "model": SMALL.name,
+                    }
+                    for eid, e in zip(ids, engines, strict=True)
+                ]
+            ),
+        },
+        logs,
+    )
+    port = free_port()
+    gateway = Service(
+        "gateway",
+        {
+            **common,
+            "CACHEMESH_GATEWAY_NODE_ID": f"gw-{name}-{ns}",
+            "CACHEMESH_GATEWAY_API_PORT": str(port),
+            "CACHEMESH_GATEWAY_TIERS_URL": node.url,
+            "CACHEMESH_GATEWAY_UPSTREAMS": json.dumps(
+                [
+                    {"name": f"i{i}", "url": f"{e.url}/v1", "engine_id": eid}
+                    for i, (e, eid) in enumerate(zip(engines, ids, strict=True))
+                ]
+            ),
+            "CACHEMESH_GATEWAY_ROUTING_TOKENIZER_DIR": str(engines[0].model_dir),
+            "CACHEMESH_GATEWAY_ROUTING_MODEL": SMALL.name,
+            "CACHEMESH_GATEWAY_ROUTING_BLOCK_SIZE": str(BLOCK_SIZE),
+            "CACHEMESH_GATEWAY_QUEUE_POLL_MS": "200",
+        },
+        logs,
+    )
+    with _running(bridge), _running(gateway):
+        return replay(requests, engines, f"http://127.0.0.1:{port}", progress, name)
+
+
+@contextlib.contextmanager
+def _running(server: Any) -> Iterator[None]:
+    try:
+        server.start()
+        yield
+    finally:
+        server.stop()
+
+
+def plot(rows: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(rows)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = np.arange(len(names))
+    for i, stat in enumerate(("ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95")):
+        left.bar(
+            xs + (i - 1) * 0.27, [rows[n][stat] for n in names], 0.27, label=stat.removeprefix("ttft_ms_")
+        )
+    left.set_xticks(xs, names, rotation=20)
+    left.set_ylabel("TTFT (ms)")
+    left.legend()
+    right.bar(xs, [100 * rows[n]["prefix_hit_rate"] for n in names])
+    right.set_xticks(xs, names, rotation=20)
+    right.set_ylabel("prefix-cache hit rate (%)")
+    fig.suptitle(f"Mooncake-shaped replay on 2 vLLM instances ({SMALL.name}, CPU)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(
+    trace: Annotated[
+        Path | None, typer.Option(help="A Mooncake-format trace (default: the shared one)")
+    ] = None,
+    start: Annotated[int, typer.Option(help="First request of the slice")] = 0,
+    requests: Annotated[int, typer.Option(help="Requests replayed per row (at most)")] = 120,
+    sessions: Annotated[
+        int, typer.Option(help="Conversations drawn from the trace (0: requests in a row from --start)")
+    ] = 16,
+    seed: int = 0,
+    max_blocks: Annotated[int, typer.Option(help="Blocks kept of each request's prefix")] = 40,
+    kv_blocks: Annotated[int, typer.Option(help="Each instance's KV pool (blocks of 32 tokens)")] = 96,
+    rows: Annotated[str, typer.Option(help="Rows to run, comma-separated")] = ",".join(ROWS),
+) -> None:
+    chosen = [r for r in rows.split(",") if r]
+    unknown = set(chosen) - set(ROWS)
+    if unknown:
+        raise typer.BadParameter(f"unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
+    path = trace or shared_data_dir() / "traces" / "mooncake_synthetic.jsonl"
+    reqs = read_requests(path, start, requests, max_blocks, sessions, seed)
+    console = Console(width=160)
+    console.print(
+        f"{len(reqs)} requests of {path.name} from {start}, up to {max_blocks} blocks each "
+        f"(mean {statistics.fmean(len(r.hash_ids) for r in reqs):.1f}); a cache that never evicts would "
+        f"find {100 * reuse_bound(reqs):.1f}% of their blocks; each instance holds {kv_blocks} blocks"
+    )
+    results: dict[str, dict[str, Any]] = {}
+    namespace = f"bench{uuid.uuid4().hex[:6]}."
+    with (
+        broker_from_env() as broker,
+        postgres_from_env() as pg,
+        tempfile.TemporaryDirectory(prefix="bench-engine-replay-") as tmp,
+        Progress(console=console) as progress,
+    ):
+        asyncio.run(ensure_topics(broker.bootstrap, namespace))
+        logs = Path(tmp)
+        common = {
+            "KAFKA_BOOTSTRAP": broker.bootstrap,
+            "KAFKA_TOPIC_NAMESPACE": namespace,
+            "DATABASE_URL": pg.dsn,
+        }
+        node = TierNode(broker.bootstrap, pg.dsn, namespace, logs)
+        node.start()
+        try:
+            if "round_robin" in chosen:
+                pair = engine_pair(kv_blocks=kv_blocks, events=False, prefix_caching=False)
+                with _all(pair):
+                    results["round_robin"] = replay(reqs, pair, None, progress, "round_robin")
+            if {"round_robin_prefix", "routed"} & set(chosen):
+                pair = engine_pair(kv_blocks=kv_blocks)
+                with _all(pair):
+                    if "round_robin_prefix" in chosen:
+                        results["round_robin_prefix"] = replay(
+                            reqs, pair, None, progress, "round_robin_prefix"
+                        )
+                        for e in pair:
+                            e.reset_prefix_cache()
+                    if "routed" in chosen:
+                        results["routed"] = routed_row("routed", pair, reqs, common, node, logs, progress)
+            if "routed_tiers" in chosen:
+                config = connector_config(node.url, model=SMALL.name)
+                pair = engine_pair(kv_blocks=kv_blocks, connector=config)
+                with _all(pair):
+                    results["routed_tiers"] = routed_row(
+                        "routed_tiers", pair, reqs, common, node, logs, progress
+                    )
+        finally:
+            node.stop()
+    table = Table(
+        title=f"Mooncake-shaped replay, {len(reqs)} requests, 2 instances of {SMALL.name} "
+        f"({kv_blocks} blocks each)"
+    )
+    for col in (
+        "row",
+        "TTFT mean",
+        "p50",
+        "p95",
+        "hit rate",
+        "per instance",
+        "tokens computed",
+        "mean vs rr+prefix",
+    ):
+        table.add_column(col, justify="left" if col == "row" else "right")
+    base = results.get("round_robin_prefix", {}).get("ttft_ms_mean")
+    for name, r in results.items():
+        table.add_row(
+            name,
+            f"{r['ttft_ms_mean']:.1f}",
+            f"{r['ttft_ms_p50']:.1f}",
+            f"{r['ttft_ms_p95']:.1f}",
+            f"{100 * r['prefix_hit_rate']:.1f}%",
+            " / ".join(f"{100 * p['hit_rate']:.1f}%" for p in r["per_instance"]),
+            f"{r['tokens_computed']:.0f}",
+            "" if base is None else f"{r['ttft_ms_mean'] / base:.2f}x",
+        )
+    console.print(table)
+    RESULTS.mkdir(exist_ok=True)
+    out = {
+        "trace": str(path),
+        "start": start,
+        "sessions": sessions,
+        "seed": seed,
+        "requests": len(reqs),
+        "max_blocks": max_blocks,
+        "kv_blocks": kv_blocks,
+        "reuse_bound": reuse_bound(reqs),
+        "rows": results,
+        "not_measured": [r for r in ("routed_tiers_warmup",) if r not in results],
+    }
+    (RESULTS / "engine_replay.json").write_text(json.dumps(out, indent=2) + "\n")
+    plot(results, RESULTS / "engine_replay.png")
+    console.print(f"wrote {RESULTS / 'engine_replay.json'} and engine_replay.png")
+
+
+@contextlib.contextmanager
+def _all(servers: list[VllmServer]) -> Iterator[None]:
+    try:
+        for s in servers:
+            s.start()
+        yield
+    finally:
+        for s in servers:
+            s.stop()
+
+
+if __name__ == "__main__":
+    typer.run(main)
