@@ -188,5 +188,7 @@ async def test_routing_by_prefix_conversation_and_failover(kafka, postgres, pg_s
         for _ in range(4):
             headers, answer = await chat(client, first + " " + words(rng, 20))
             assert headers["x-cachemesh-instance"] == other and answer.choices[0].message.content is not None
+        # The dead instance was left out either by its breaker (the broken stream was its one failure
+        # allowed) or, when the stream had ended before the kill, by a reroute from the first request.
         counts = gateway.stats()["requests"]
-        assert counts["rerouted"] >= 1  # the first one after the kill tried the dead instance
+        assert counts["rerouted"] >= 1 or gateway.engines.by_name(where).upstream.breaker.state != "closed"
