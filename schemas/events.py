@@ -402,6 +402,9 @@ class WarmupRequested(_TierCommand):
     tier: Tier = "l1"
     start_at_ms: Annotated[int, Field(ge=0)] | None = None
     deadline_ms: Annotated[int, Field(ge=0)] | None = None
+    # Added within v1 (optional): the conversation a conversation warmup is for, so that a gateway
+    # routing it can prefill its prompt on the instance the conversation is routed to.
+    trace_id: str | None = None
 
 
 class PromotionRequested(_TierCommand):

@@ -20,6 +20,7 @@ from prometheus_client import Counter, Histogram
 from schemas.events import Event, KvBlockRemoved, KvBlockStored
 from services.gateway.routing import DEFAULT_WEIGHTS, Choice, Instance, Weights, choose
 from services.gateway.upstream import Upstream
+from services.gateway.warming import EngineWarmer, Warm
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,12 @@ PREDICTED = Histogram(
     "cachemesh_gateway_route_predicted_blocks",
     "Blocks of prompt the chosen instance was predicted not to compute (its prefix + the tiers')",
     buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
+WARMS = Counter(
+    "cachemesh_gateway_engine_warms_total",
+    "Prefills sent for a conversation's next turn, and what became of them (used, wasted, failed; "
+    "skipped: an unknown conversation, a busy instance, or one holding it all already)",
+    ["instance", "outcome"],
 )
 REALISED = Histogram(
     "cachemesh_gateway_route_realised_blocks",
@@ -86,6 +93,7 @@ class Route:
     engine: Engine
     choice: Choice | None
     keys: list[str] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)
 
     @property
     def compute_blocks(self) -> float:
@@ -124,6 +132,7 @@ class Engines:
         self.weights = weights
         self.sticky: dict[str, str] = {}  # conversation -> instance it was last routed to
         self.counts: dict[str, int] = {}
+        self.warmer = EngineWarmer(block_size=block_size)
 
     @property
     def first(self) -> Engine:
@@ -167,30 +176,82 @@ class Engines:
         ]
         if not candidates:
             raise LookupError("every upstream failed this request")
-        keys = self._keys(body, model) if len(self.engines) > 1 else []
+        ids, keys = self._keys(body, model) if len(self.engines) > 1 else ([], [])
         if len(self.engines) == 1 or len(candidates) == 1:
-            return Route(candidates[0], None, keys)
+            route = Route(candidates[0], None, keys, ids)
+            self._follow(conversation, model, route)
+            return route
         held = await self._tiers_held(keys) if keys else 0
         sticky = self.sticky.get(conversation) if conversation is not None else None
         choice = choose([e.state for e in candidates], keys, held, sticky=sticky, weights=self.weights)
         assert choice is not None
         engine = self.by_name(choice.instance)
-        if conversation is not None:
-            self.sticky[conversation] = engine.name
-            if len(self.sticky) > 100_000:
-                self.sticky.pop(next(iter(self.sticky)))
         ROUTED.labels(engine.name, choice.reason).inc()
         PREDICTED.observe(choice.predicted_blocks)
         self.counts[choice.reason] = self.counts.get(choice.reason, 0) + 1
-        return Route(engine, choice, keys)
+        route = Route(engine, choice, keys, ids)
+        self._follow(conversation, model, route)
+        return route
 
-    def _keys(self, body: Mapping[str, Any], model: str) -> list[str]:
+    def _follow(self, conversation: str | None, model: str, route: Route) -> None:
+        """Where the conversation went, with what prompt; a warm made for it is judged."""
+        if conversation is None:
+            return
+        name = route.engine.name
+        self.sticky[conversation] = name
+        if len(self.sticky) > 100_000:
+            self.sticky.pop(next(iter(self.sticky)))
+        warm = self.warmer.pending(conversation)
+        if warm is not None:
+            blocks = self.by_name(warm.instance).state.blocks
+            outcome = self.warmer.judge(conversation, name, bool(warm.keys) and warm.keys[-1] in blocks)
+            if outcome is not None:
+                WARMS.labels(warm.instance, outcome).inc()
+        if route.keys:
+            self.warmer.routed(conversation, name, model, route.ids, route.keys)
+
+    def _keys(self, body: Mapping[str, Any], model: str) -> tuple[list[int], list[str]]:
         if self.tokens is None:
-            return []
+            return [], []
         ids = self.tokens.of(body)
         if not ids:
-            return []
-        return block_keys(ids, model=self.model or model, block_size=self.block_size)
+            return [], []
+        return ids, block_keys(ids, model=self.model or model, block_size=self.block_size)
+
+    # --- warming for a conversation's next turn ---------------------------------------------------
+
+    def warm_for(self, conversation: str) -> Warm | None:
+        """The prefill that gets `conversation`'s instance ready for its next turn (warming.py), or
+        None; the caller sends it with `send_warm`."""
+        idle = {e.name: e.state.in_flight == 0 and e.state.waiting == 0 for e in self.engines}
+        prompt_keys = self.warmer.prompt_keys(conversation)
+        held = {e.name: e.state.prefix(prompt_keys) for e in self.engines}
+        warm = self.warmer.on_command(conversation, idle=idle, held=held)
+        if warm is None:
+            WARMS.labels("-", "skipped").inc()
+        return warm
+
+    async def send_warm(self, warm: Warm, timeout_s: float = 60.0) -> bool:
+        """The prefill on its instance (`max_tokens: 1`), counted as load there while it runs."""
+        engine = self.by_name(warm.instance)
+        route = Route(engine, None, list(warm.keys), list(warm.ids))
+        body = {"model": warm.model, "prompt": list(warm.ids), "max_tokens": 1, "temperature": 0}
+        route.started()
+        try:
+            response = await engine.upstream.http.post(
+                "/completions", json=body, headers=engine.upstream.headers({}), timeout=timeout_s
+            )
+            ok = response.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        finally:
+            route.ended()
+        if ok:
+            WARMS.labels(engine.name, "sent").inc()
+        else:
+            self.warmer.failed(warm)
+            WARMS.labels(engine.name, "failed").inc()
+        return ok
 
     async def _tiers_held(self, keys: list[str]) -> int:
         if self.tiers_prefix is None:
@@ -225,6 +286,7 @@ class Engines:
                 for e in self.engines
             ],
             "reasons": dict(self.counts),
+            "warms": self.warmer.counts.as_dict(),
         }
 
 

@@ -15,7 +15,15 @@ import httpx
 from prometheus_client import Counter, Histogram
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from schemas.events import MAX_KEY_CHARS, ConversationEnded, ConversationStarted, Event
+from schemas.events import (
+    MAX_ACCESS_BATCH,
+    MAX_KEY_CHARS,
+    CacheAccessed,
+    ConversationEnded,
+    ConversationStarted,
+    Event,
+    access_batch,
+)
 from services.gateway.answers import as_served, error_body, response_id
 from services.gateway.conversations import Conversations, Served, ServedAnswers
 from services.gateway.engines import Engines
@@ -244,6 +252,8 @@ class Proxy:
                 raise UpstreamUnavailable(
                     502, "no upstream could take the request", code="no_upstream"
                 ) from None
+            if not tried and conversation is not None and chosen.keys and self.settings.routing_warm:
+                self._emit_blocks(conversation, req.model, chosen)
             out["x-cachemesh-instance"] = chosen.engine.name
             if chosen.choice is not None:
                 out["x-cachemesh-route"] = chosen.choice.reason
@@ -393,6 +403,26 @@ class Proxy:
         if self.conversations.touch(conversation_id):
             self._emit(ConversationStarted(trace_id=conversation_id, model=model))
         return conversation_id
+
+    def _emit_blocks(self, conversation: str, model: str, chosen: EngineRoute) -> None:
+        """The prompt's KV blocks as read by this conversation, for the warmup service to follow (a hit:
+        the instance or the tiers were predicted to have it)."""
+        have = chosen.choice.predicted_blocks if chosen.choice is not None else 0
+        size = self.engines.block_size
+        keys = chosen.keys[-MAX_ACCESS_BATCH:]
+        first = len(chosen.keys) - len(keys)
+        now = int(time.time() * 1000)
+        self._emit(
+            access_batch(
+                [
+                    CacheAccessed(
+                        key=key, hit=first + i < have, kind="kv_block", model=self.engines.model or model,
+                        token_count=size, trace_id=conversation, occurred_at_ms=now,
+                    )
+                    for i, key in enumerate(keys)
+                ]
+            )
+        )  # fmt: skip
 
     def _emit(self, event: Event) -> None:
         """Out on Kafka without holding the request: the producer batches it."""

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import httpx
 
-from schemas.events import Event, KvBlockStored
+from schemas.events import Event, KvBlockStored, WarmupRequested
 from services.gateway.api import create_app
 from services.gateway.breaker import BreakerStats, FailureBreaker
 from services.gateway.engines import Engine, Engines, PromptTokens
@@ -54,6 +54,7 @@ class GatewayService(Service):
         self.publisher: EventPublisher | None = None
         self.api_port: int | None = None
         self._api: InLoopServer | None = None
+        self._warms: set[asyncio.Task[bool]] = set()
 
     @property
     def api_url(self) -> str:
@@ -96,10 +97,11 @@ class GatewayService(Service):
             weights=Weights(s.routing_tier_value, s.routing_load_cost, s.routing_affinity_slack),
         )
         if len(self.engines.engines) > 1:
-            # Every gateway hears every engine's blocks: a group of its own.
+            # Every gateway hears every engine's blocks (and the warmup commands): a group of its own.
+            topics = [KvBlockStored.topic] + ([WarmupRequested.topic] if s.routing_warm else [])
             await self.open_consumer(
                 stack,
-                [KvBlockStored.topic],
+                topics,
                 f"gateway-kv-{s.node_id}",
                 self._on_kv_event,
                 self.publisher,
@@ -109,6 +111,7 @@ class GatewayService(Service):
         self.proxy = Proxy(s, cache, self.engines, self._publish, clock_ms=monotonic_ms)
         # Registered after the clients, so it runs before they close: answers in flight get stored.
         stack.push_async_callback(self.proxy.drain)
+        stack.push_async_callback(self._cancel_warms)
         await self._start_api(stack)
 
     def _upstreams(self) -> list[tuple[str, str, str]]:
@@ -149,8 +152,24 @@ class GatewayService(Service):
         return Engine(name, engine_id, upstream, Instance(name), f"{root}/metrics")
 
     async def _on_kv_event(self, delivery: Delivery) -> None:
-        if self.engines is not None:
-            self.engines.on_kv_event(delivery.event)
+        if self.engines is None:
+            return
+        event = delivery.event
+        if isinstance(event, WarmupRequested):
+            if event.trace_id is not None:
+                warm = self.engines.warm_for(event.trace_id)
+                if warm is not None:  # in the background: the consumer goes on hearing KV events
+                    task = asyncio.create_task(self.engines.send_warm(warm))
+                    self._warms.add(task)
+                    task.add_done_callback(self._warms.discard)
+            return
+        self.engines.on_kv_event(event)
+
+    async def _cancel_warms(self) -> None:
+        for task in list(self._warms):
+            task.cancel()
+        if self._warms:
+            await asyncio.wait(set(self._warms), timeout=5)
 
     async def _poll_queues(self) -> None:
         while True:

@@ -60,6 +60,11 @@ class GatewaySettings(ServiceSettings):
     routing_load_cost: Annotated[float, Field(ge=0.0)] = 4.0
     routing_tier_value: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
     routing_affinity_slack: Annotated[float, Field(ge=0.0)] = 8.0
+    # Warm engines for a conversation's next turn: the blocks of each routed conversation's prompt go
+    # out as `cache.accessed` (kind kv_block, its trace id) for the warmup service to follow, and its
+    # commands naming a conversation are answered with a prefill on the conversation's instance, when
+    # that instance is idle (services/gateway/warming.py). Needs several upstreams and the tokenizer.
+    routing_warm: bool = True
     # How often each instance's queue is read from its /metrics.
     queue_poll_ms: Annotated[int, Field(gt=0)] = 500
     upstream_connect_timeout_ms: Annotated[int, Field(gt=0)] = 2_000

@@ -52,6 +52,10 @@ class PlannerConfig:
     band: Band = field(default_factory=Band)
     tier: Tier = "l1"
     conversation_tier: Tier = "l2"
+    # Warm conversations back into the engines too: a block a conversation lost from an engine's GPU is
+    # due like one it lost from host memory, and the command names the conversation (`trace_id`) so
+    # the gateway prefills its prompt on the instance it routes the conversation to.
+    warm_engines: bool = False
     budget_bytes_per_s: float = 1024**3
     budget_burst_s: float = 2.0
     load_bytes_per_s: float = 2.5e9
@@ -119,8 +123,11 @@ class WarmupPlanner:
             c.max_tracked,
             lead_fraction=c.turn_lead_fraction,
             prior_quantile=c.turn_lead_quantile,
-            # Warming into L1 answers any drop; into L2, only a drop out of host memory or further.
-            media=frozenset({"gpu", "cpu", "disk"} if c.conversation_tier == "l1" else {"cpu", "disk"}),
+            # Warming into L1 (or the engines) answers any drop; into L2, only a drop out of host
+            # memory or further.
+            media=frozenset(
+                {"gpu", "cpu", "disk"} if c.conversation_tier == "l1" or c.warm_engines else {"cpu", "disk"}
+            ),
         )
         self._ftl_batches: dict[str, _FtlBatch] = {}
         self.rising: list[tuple[str, int]] = []  # (key, event ms) whose neighbours the service looks up
@@ -274,6 +281,7 @@ class WarmupPlanner:
                 due.why,
                 tier=self.config.conversation_tier,
                 node_id=due.node_id,
+                trace_id=due.trace_id,
             )
             sent = [k for e in events if isinstance(e, WarmupRequested) for k in e.keys]
             held_for_waste = any(
@@ -355,6 +363,7 @@ class WarmupPlanner:
         *,
         tier: Tier | None = None,
         node_id: str | None = None,
+        trace_id: str | None = None,
     ) -> list[Event]:
         c = self.config
         fresh = [k for k in dict.fromkeys(keys) if not self._recently_warmed(k, at_ms)]
@@ -383,6 +392,7 @@ class WarmupPlanner:
                     reason=f"{source}: {why}"[:1000],
                     start_at_ms=start_ms,
                     deadline_ms=start_ms + c.peak_horizon_ms,
+                    trace_id=trace_id,
                     occurred_at_ms=at_ms,
                 )
                 self.commands += 1

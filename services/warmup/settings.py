@@ -25,6 +25,9 @@ class WarmupSettings(ServiceSettings):
     entropy_max_bits: float = 3.8
     tier: Tier = "l1"
     conversation_tier: Tier = "l2"
+    # Not in the seed: conversations are warmed back into the engines as well (the gateway prefills
+    # them on the instance it routes them to); see PlannerConfig.warm_engines.
+    warm_engines: bool = False
     # Not in the seed: a cap on prefetch traffic so warmup never crowds out serving.
     budget_bytes_per_s: Annotated[float, Field(gt=0)] = 64 * 1024 * 1024
     default_entry_bytes: Annotated[int, Field(gt=0)] = 16 * 1024
@@ -47,6 +50,7 @@ class WarmupSettings(ServiceSettings):
             band=Band(self.qps_min, self.qps_max, self.entropy_min_bits, self.entropy_max_bits),
             tier=self.tier,
             conversation_tier=self.conversation_tier,
+            warm_engines=self.warm_engines,
             budget_bytes_per_s=self.budget_bytes_per_s,
             default_entry_bytes=self.default_entry_bytes,
             dependency_factor=self.dependency_factor,

@@ -25,6 +25,8 @@ from services.bridge.service import BridgeService
 from services.bridge.settings import BridgeSettings, PublisherConfig
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings, UpstreamConfig
+from services.warmup.service import WarmupService
+from services.warmup.settings import WarmupSettings
 from tests.integration.conftest import kafka_settings_for
 from tests.integration.nodes import running, serving, until
 from tests.integration.test_bridge_service import Tap
@@ -99,6 +101,14 @@ async def mesh(  # type: ignore[no-untyped-def]
                 await client.close()
 
 
+async def reset(server: VllmServer) -> None:
+    """The engine drops every block it caches; the clear is published on its next step."""
+    await asyncio.to_thread(server.reset_prefix_cache)
+    async with httpx.AsyncClient(timeout=60) as http:
+        body = {"model": MODEL, "prompt": [7, 8, 9], "max_tokens": 1}
+        (await http.post(f"{server.url}/v1/completions", json=body)).raise_for_status()
+
+
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 
@@ -114,6 +124,58 @@ async def chat(client: openai.AsyncOpenAI, text: str, **kw: Any) -> tuple[httpx.
     return raw.headers, raw.parse()
 
 
+async def test_warmup_prefills_a_conversation_on_its_instance_before_its_next_turn(
+    kafka, postgres, pg_settings, engines
+) -> None:
+    """The instance serving a conversation loses its blocks between two turns (its prefix cache reset:
+    vLLM reports them removed); the warmup service sees the conversation's blocks (from the gateway) and
+    the removals (from the bridge), and once the pause is long enough tells the gateway, which prefills
+    the conversation's prompt on that instance: the blocks are back before the next turn, and that turn
+    counts the warm as used."""
+    a, b = engines
+    rng = random.Random(5)
+    async with mesh(kafka, postgres, pg_settings, a, b) as (gateway, client, _, namespace):
+        assert gateway.engines is not None
+        warmup = WarmupSettings(
+            kafka=kafka_settings_for(kafka, namespace),
+            postgres=pg_settings,
+            group_id=f"warmup-{namespace}",
+            model_name=f"ftl-{namespace}",
+            metrics_port=0,
+            warm_engines=True,
+            turn_idle_ms=300,
+        )
+        async with serving(WarmupService(warmup)) as service:
+            # The engines report removals (until the planner has seen one, it warms every block of a
+            # conversation blindly, once per turn): a reset of a prompt's blocks shows it.
+            text = words(rng, 60)
+            headers, _ = await chat(client, text)
+            where = gateway.engines.by_name(headers["x-cachemesh-instance"])
+            _, keys = gateway.engines._keys({"messages": [{"role": "user", "content": text}]}, MODEL)
+            await until(lambda: where.state.prefix(keys) == len(keys), timeout_s=60, step_s=0.05)
+            await reset(a if where.name == "a" else b)
+            await until(lambda: service.planner.conversations.removals_seen, timeout_s=60, step_s=0.05)
+
+            conv = {"x-cachemesh-conversation-id": f"conv-{uuid.uuid4().hex[:6]}"}
+            text = words(rng, 150)
+            headers, _ = await chat(client, text, extra_headers=conv)
+            where = gateway.engines.by_name(headers["x-cachemesh-instance"])
+            server = a if where.name == "a" else b
+            _, keys = gateway.engines._keys({"messages": [{"role": "user", "content": text}]}, MODEL)
+            await until(lambda: where.state.prefix(keys) == len(keys), timeout_s=60, step_s=0.05)
+            warms = gateway.engines.warmer.counts
+            assert warms.sent == 0
+            await reset(server)
+            # Removed (the bridge's removals reach the gateway), then warmed back by the prefill.
+            await until(lambda: warms.sent >= 1, timeout_s=60, step_s=0.05)
+            await until(lambda: where.state.prefix(keys) == len(keys), timeout_s=60, step_s=0.05)
+            assert service.planner.stats()["commands"] >= 1
+            headers, _ = await chat(client, text + " " + words(rng, 10), extra_headers=conv)
+            assert headers["x-cachemesh-instance"] == where.name
+            assert warms.used == 1 and warms.wasted == 0 and warms.prefill_tokens >= len(keys) * BLOCK_SIZE
+            assert gateway.stats()["routing"]["warms"]["precision"] == 1.0
+
+
 async def test_routing_by_prefix_conversation_and_failover(kafka, postgres, pg_settings, engines) -> None:
     a, b = engines
     rng = random.Random(21)
@@ -124,7 +186,7 @@ async def test_routing_by_prefix_conversation_and_failover(kafka, postgres, pg_s
         headers, _ = await chat(client, first)
         where = headers["x-cachemesh-instance"]
         body = {"model": MODEL, "messages": [{"role": "user", "content": first}]}
-        keys = gateway.engines._keys(body, MODEL)
+        _, keys = gateway.engines._keys(body, MODEL)
         assert len(keys) >= 3
         await until(
             lambda: set(keys) <= {e.block_hash for e in tap.events() if isinstance(e, KvBlockStored)},

@@ -248,3 +248,18 @@ def test_a_source_whose_prefetches_go_to_waste_backs_off_and_probes() -> None:
         for c in commands(p.apply(drift([f"u{i}"], at=T + 1000 + i))):
             p.apply(CacheAccessed(key=c.keys[0], hit=True, occurred_at_ms=T + 1000 + i))
     assert commands(p.apply(drift(["last"], at=T + 5000)))
+
+
+def test_warming_engines_answers_a_drop_from_the_gpu_and_names_the_conversation() -> None:
+    def run(warm_engines: bool) -> list[WarmupRequested]:
+        p = WarmupPlanner(PlannerConfig(turn_idle_ms=1000, warm_engines=warm_engines))
+        for i in range(3):
+            p.apply(CacheAccessed(key=f"k{i}", hit=False, kind="kv_block", trace_id="conv", occurred_at_ms=T))
+        p.apply(KvBlockRemoved(block_hash="k0", medium="cpu", node_id="engine-a", occurred_at_ms=T + 10))
+        p.apply(KvBlockRemoved(block_hash="k1", medium="gpu", node_id="engine-a", occurred_at_ms=T + 10))
+        return commands(p.tick(T + 60_000))
+
+    # Into L2 only, a block that left the GPU is still in L2: only the one that left host memory.
+    assert [c.keys for c in run(False)] == [["k0"]]
+    [cmd] = run(True)
+    assert cmd.keys == ["k0", "k1"] and cmd.trace_id == "conv" and cmd.tier == "l2"
