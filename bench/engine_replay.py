@@ -6,20 +6,24 @@ KV pools are too small for the working set, side by side in one run:
 - routed: through the gateway, routed by the KV each instance holds (its KV events, via the bridge),
   conversation and load (services/gateway/routing.py);
 - routed_tiers: the same, and the instances save to and load from cachemesh's tiers (the connector);
-- routed_tiers_warmup: not measured yet (warmup does not act on a real engine yet).
+- routed_tiers_warmup: the same, and the warmup service (warm_engines) predicts each conversation's next
+  turn; the gateway prefills the conversation's prompt on its idle instance before the turn comes
+  (services/gateway/warming.py); the warms sent, used and wasted, and their prefill cost, are reported.
 
 By default 16 conversations of the trace (requests sharing a first block) are drawn, and all their
 requests kept in the trace's order. The requests keep their prefix structure: each Mooncake block id
 (512 tokens there) becomes one 32-token block of the engine, the same tokens wherever the id appears,
 so requests that share a prefix of ids share a prefix of KV; a few tokens of its own end every
-prompt. Two clients
-send them in trace order (a closed loop). Per row: TTFT mean / p50 / p95 (streamed, to the first token),
+prompt. Each request is sent at its trace arrival time divided by `--speedup` (an open loop: the
+pauses between a conversation's turns are the trace's, scaled); `--speedup 0` sends them in trace
+order from two clients instead (a closed loop, no pauses). Through the gateway each request names its
+conversation (`x-cachemesh-conversation-id`). Per row: TTFT mean / p50 / p95 (streamed, to the first token),
 the prefix-cache hit rate of each instance and in all (tokens found in its own cache or loaded through
 the connector, over tokens asked, from vLLM's `/metrics`), and the prompt tokens computed.
 
 Run: `python -m bench.engine_replay [--trace PATH] [--sessions N | --sessions 0 --start N]
-[--requests N] [--max-blocks N] [--kv-blocks N] [--rows a,b] [--seed N]`. Prints the table, writes
-`bench/results/engine_replay.json`
+[--requests N] [--max-blocks N] [--kv-blocks N] [--speedup X] [--rows a,b] [--seed N]`. Prints the
+table, writes `bench/results/engine_replay.json`
 (`{"rows": {name: {"ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p95", "prefix_hit_rate", ...}}}`) and
 `engine_replay.png`. A real broker and Postgres as bench.engine (env or its own).
 """
@@ -58,10 +62,11 @@ from infra.process import ServerProcess
 from infra.topics import ensure_topics
 from infra.vllm_env import SMALL
 from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
+from services.warmup.ftl import FtlFit, KvShape, kv_miss_rate, seed_miss_rate
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent
-ROWS = ("round_robin", "round_robin_prefix", "routed", "routed_tiers")
+ROWS = ("round_robin", "round_robin_prefix", "routed", "routed_tiers", "routed_tiers_warmup")
 VOCAB = (10, 2000)
 TAIL = 8  # tokens of its own at the end of every prompt
 CLIENTS = 2
@@ -72,6 +77,11 @@ class Request:
     hash_ids: tuple[int, ...]
     output: int
     tail_seed: int
+    at_ms: int = 0  # its arrival in the trace
+
+    @property
+    def conversation(self) -> str:
+        return f"conv-{self.hash_ids[0]}"
 
     def tokens(self) -> list[int]:
         out: list[int] = []
@@ -94,17 +104,24 @@ def read_requests(
         for i, line in enumerate(fh):
             if line.strip():
                 r = json.loads(line)
-                rows.append((i, tuple(r["hash_ids"][:max_blocks]), min(int(r["output_length"]), 8)))
+                rows.append(
+                    (
+                        i,
+                        tuple(r["hash_ids"][:max_blocks]),
+                        min(int(r["output_length"]), 8),
+                        int(r.get("timestamp", 0)),
+                    )
+                )
     if sessions:
         groups: dict[int, list[int]] = {}
-        for n, (_, ids, _) in enumerate(rows):
+        for n, (_, ids, _, _) in enumerate(rows):
             groups.setdefault(ids[0], []).append(n)
         multi = sorted(k for k, v in groups.items() if len(v) >= 3)
         picked = set(random.Random(seed).sample(multi, min(sessions, len(multi))))
         rows = [row for row in rows if row[1][0] in picked]
     else:
         rows = rows[start:]
-    return [Request(ids, out, i) for i, ids, out in rows[:count]]
+    return [Request(ids, out, i, at) for i, ids, out, at in rows[:count]]
 
 
 def reuse_bound(requests: list[Request]) -> float:
@@ -152,29 +169,56 @@ def counters(engine: VllmServer) -> dict[str, float]:
 
 
 def replay(
-    requests: list[Request], engines: list[VllmServer], gateway_url: str | None, progress: Progress, row: str
+    requests: list[Request],
+    engines: list[VllmServer],
+    gateway_url: str | None,
+    progress: Progress,
+    row: str,
+    speedup: float,
+    kill_halfway: bool = False,
 ) -> dict[str, Any]:
+    """Each request's TTFT; with `kill_halfway`, the second instance is killed (SIGKILL) as the middle
+    request goes out, and the requests that fail are counted (its counters are then lost with it)."""
     before = [counters(e) for e in engines]
     task = progress.add_task(row, total=len(requests))
     lock = threading.Lock()
     turn = [0]
 
-    def one(req: Request) -> float:
+    first_ms = requests[0].at_ms if requests else 0
+    began = time.perf_counter()
+    middle = requests[len(requests) // 2] if kill_halfway and requests else None
+    failed: list[str] = []
+
+    def one(req: Request) -> float | None:
+        if speedup > 0:  # an open loop: at its (scaled) arrival time
+            time.sleep(max(0.0, began + (req.at_ms - first_ms) / 1000 / speedup - time.perf_counter()))
+        if req is middle:
+            engines[1].kill()
         if gateway_url is not None:
-            url, headers = gateway_url, {"x-cachemesh-bypass": "1"}  # KV reuse only: no answer cache
+            # KV reuse only (no answer cache); the conversation, for affinity and warmup.
+            url = gateway_url
+            headers = {"x-cachemesh-bypass": "1", "x-cachemesh-conversation-id": req.conversation}
         else:
             with lock:
                 url, turn[0] = engines[turn[0] % len(engines)].url, turn[0] + 1
             headers = {}
-        ms = ttft_ms(url, engines[0].model, req.tokens(), req.output, headers)
+        try:
+            ms: float | None = ttft_ms(url, engines[0].model, req.tokens(), req.output, headers)
+        except (httpx.HTTPError, RuntimeError) as exc:
+            failed.append(repr(exc)[:200])
+            ms = None
         progress.advance(task)
         return ms
 
-    with ThreadPoolExecutor(CLIENTS) as pool:
-        ttfts = list(pool.map(one, requests))
-    after = [counters(e) for e in engines]
+    with ThreadPoolExecutor(CLIENTS if speedup <= 0 else 32) as pool:
+        ttfts = [t for t in pool.map(one, requests) if t is not None]
+    alive = [e for e in engines if not (kill_halfway and e is engines[1])]
+    after = {id(e): counters(e) for e in alive}
     per_instance = []
-    for b, a in zip(before, after, strict=True):
+    for e, b in zip(engines, before, strict=True):
+        if id(e) not in after:
+            continue
+        a = after[id(e)]
         d = {k: a[k] - b[k] for k in COUNTERS}
         found = d["vllm:prefix_cache_hits_total"] + d["vllm:external_prefix_cache_hits_total"]
         per_instance.append(
@@ -196,6 +240,8 @@ def replay(
         "tokens_computed": prompt - found,
         "prompt_tokens": prompt,
         "per_instance": per_instance,
+        "failed_requests": len(failed),
+        "failures": failed[:10],
         "ttft_ms": ttfts,
     }
 
@@ -256,6 +302,9 @@ def routed_row(
     node: TierNode,
     logs: Path,
     progress: Progress,
+    speedup: float,
+    warmup: bool = False,
+    kill_halfway: bool = False,
 ) -> dict[str, Any]:
     ns = common["KAFKA_TOPIC_NAMESPACE"]
     ids = [f"{name}-{i}-{ns}" for i in range(len(engines))]
@@ -298,11 +347,28 @@ def routed_row(
             "CACHEMESH_GATEWAY_ROUTING_MODEL": SMALL.name,
             "CACHEMESH_GATEWAY_ROUTING_BLOCK_SIZE": str(BLOCK_SIZE),
             "CACHEMESH_GATEWAY_QUEUE_POLL_MS": "200",
+            "CACHEMESH_GATEWAY_ROUTING_WARM": "true" if warmup else "false",
         },
         logs,
     )
-    with _running(bridge), _running(gateway):
-        return replay(requests, engines, f"http://127.0.0.1:{port}", progress, name)
+    warmer = Service(
+        "warmup",
+        {
+            **common,
+            "CACHEMESH_WARMUP_GROUP_ID": f"warmup-{name}-{ns}",
+            "CACHEMESH_WARMUP_MODEL_NAME": f"ftl-{name}-{ns}",
+            "CACHEMESH_WARMUP_WARM_ENGINES": "true",
+        },
+        logs,
+    )
+    with _running(bridge), _running(gateway), _running(warmer) if warmup else contextlib.nullcontext():
+        out = replay(requests, engines, f"http://127.0.0.1:{port}", progress, name, speedup, kill_halfway)
+        health = httpx.get(f"http://127.0.0.1:{gateway.metrics_port}/healthz", timeout=10).json()
+        routing = health.get("gateway", {}).get("routing", {})
+        out["routing_reasons"] = routing.get("reasons", {})
+        if warmup:
+            out["warms"] = routing.get("warms", {})
+        return out
 
 
 @contextlib.contextmanager
@@ -350,10 +416,17 @@ def main(
     seed: int = 0,
     max_blocks: Annotated[int, typer.Option(help="Blocks kept of each request's prefix")] = 40,
     kv_blocks: Annotated[int, typer.Option(help="Each instance's KV pool (blocks of 32 tokens)")] = 96,
+    speedup: Annotated[
+        float, typer.Option(help="Trace time / replay time (0: a closed loop of 2 clients, no pauses)")
+    ] = 8.0,
     rows: Annotated[str, typer.Option(help="Rows to run, comma-separated")] = ",".join(ROWS),
+    kill_halfway: Annotated[
+        bool,
+        typer.Option(help="Also routed_tiers_warmup_kill: the full stack with an instance killed halfway"),
+    ] = False,
 ) -> None:
-    chosen = [r for r in rows.split(",") if r]
-    unknown = set(chosen) - set(ROWS)
+    chosen = [r for r in rows.split(",") if r] + (["routed_tiers_warmup_kill"] if kill_halfway else [])
+    unknown = set(chosen) - {*ROWS, "routed_tiers_warmup_kill"}
     if unknown:
         raise typer.BadParameter(f"unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
     path = trace or shared_data_dir() / "traces" / "mooncake_synthetic.jsonl"
@@ -385,25 +458,34 @@ def main(
             if "round_robin" in chosen:
                 pair = engine_pair(kv_blocks=kv_blocks, events=False, prefix_caching=False)
                 with _all(pair):
-                    results["round_robin"] = replay(reqs, pair, None, progress, "round_robin")
+                    results["round_robin"] = replay(reqs, pair, None, progress, "round_robin", speedup)
             if {"round_robin_prefix", "routed"} & set(chosen):
                 pair = engine_pair(kv_blocks=kv_blocks)
                 with _all(pair):
                     if "round_robin_prefix" in chosen:
                         results["round_robin_prefix"] = replay(
-                            reqs, pair, None, progress, "round_robin_prefix"
+                            reqs, pair, None, progress, "round_robin_prefix", speedup
                         )
                         for e in pair:
                             e.reset_prefix_cache()
                     if "routed" in chosen:
-                        results["routed"] = routed_row("routed", pair, reqs, common, node, logs, progress)
-            if "routed_tiers" in chosen:
+                        results["routed"] = routed_row(
+                            "routed", pair, reqs, common, node, logs, progress, speedup
+                        )
+            for row, warm in (
+                ("routed_tiers", False),
+                ("routed_tiers_warmup", True),
+                ("routed_tiers_warmup_kill", True),
+            ):
+                if row not in chosen:
+                    continue
                 config = connector_config(node.url, model=SMALL.name)
                 pair = engine_pair(kv_blocks=kv_blocks, connector=config)
                 with _all(pair):
-                    results["routed_tiers"] = routed_row(
-                        "routed_tiers", pair, reqs, common, node, logs, progress
-                    )
+                    results[row] = routed_row(
+                        row, pair, reqs, common, node, logs, progress, speedup, warmup=warm,
+                        kill_halfway=row.endswith("_kill"),
+                    )  # fmt: skip
         finally:
             node.stop()
     table = Table(
@@ -434,6 +516,24 @@ def main(
             "" if base is None else f"{r['ttft_ms_mean'] / base:.2f}x",
         )
     console.print(table)
+    for name, r in results.items():
+        if "warms" in r:
+            w = r["warms"]
+            console.print(
+                f"{name}: {w.get('commands', 0)} warmup commands heard, {w.get('sent', 0)} prefills sent "
+                f"({w.get('busy', 0)} skipped: instance busy, {w.get('already_held', 0)}: already held), "
+                f"{w.get('used', 0)} used, {w.get('wasted', 0)} wasted, precision {w.get('precision')}; "
+                f"{w.get('prefill_tokens', 0)} tokens prefilled"
+            )
+    ftl = ftl_fit(results, reqs, kv_blocks)
+    if ftl:
+        console.print(
+            f"seed FTL model (§2.1) over the rows: FTL = {ftl['base_ms']:.0f} + m x "
+            f"{ftl['delta_ms']:.0f} ms, R² {ftl['r2']:.2f}, leave-one-out error up to "
+            f"{100 * (ftl['loo_max_error'] or 0):.0f}%; the KV "
+            f"capacity predicts m = {ftl['m_kv_heads']:.2f} counting KV heads, {ftl['m_seed']:.2f} as the "
+            f"seed writes it, against {ftl['m_measured_rr_prefix']:.2f} measured (round_robin_prefix)"
+        )
     RESULTS.mkdir(exist_ok=True)
     out = {
         "trace": str(path),
@@ -443,13 +543,57 @@ def main(
         "requests": len(reqs),
         "max_blocks": max_blocks,
         "kv_blocks": kv_blocks,
+        "speedup": speedup,
         "reuse_bound": reuse_bound(reqs),
         "rows": results,
+        "ftl_fit": ftl,
         "not_measured": [r for r in ("routed_tiers_warmup",) if r not in results],
     }
     (RESULTS / "engine_replay.json").write_text(json.dumps(out, indent=2) + "\n")
     plot(results, RESULTS / "engine_replay.png")
     console.print(f"wrote {RESULTS / 'engine_replay.json'} and engine_replay.png")
+
+
+def ftl_fit(results: dict[str, dict[str, Any]], reqs: list[Request], kv_blocks: int) -> dict[str, Any]:
+    """The seed's FTL = base + m * delta (services/warmup/ftl.py) fit to the rows' mean TTFT against
+    their miss rate (1 - prefix hit rate), how well it predicts each row (and each left out), and the
+    miss rate the seed's capacity formula predicts for one instance seeing the whole working set."""
+    pairs = [(1 - r["prefix_hit_rate"], r["ttft_ms_mean"]) for r in results.values()]
+    if len({round(m, 3) for m, _ in pairs}) < 2:
+        return {}
+    fit = FtlFit()
+    for m, f in pairs:
+        fit.observe(m, f)
+    base, delta = fit.params()
+    mean = statistics.fmean(f for _, f in pairs)
+    ss_res = sum((f - fit.predict(m)) ** 2 for m, f in pairs)
+    ss_tot = sum((f - mean) ** 2 for _, f in pairs) or 1.0
+    loo = []
+    for i, (m, f) in enumerate(pairs):
+        rest = FtlFit()
+        for j, (mj, fj) in enumerate(pairs):
+            if j != i:
+                rest.observe(mj, fj)
+        if rest.fitted:
+            loo.append(abs(rest.predict(m) - f) / f)
+    shape = KvShape(SMALL.layers, SMALL.kv_heads, SMALL.hidden // SMALL.heads)
+    tokens = BLOCK_SIZE * len({h for r in reqs for h in r.hash_ids})
+    capacity = kv_blocks * BLOCK_SIZE * shape.bytes_per_token()
+    rr = results.get("round_robin_prefix")
+    return {
+        "base_ms": base,
+        "delta_ms": delta,
+        "r2": 1 - ss_res / ss_tot,
+        "rows": {
+            name: {"m": m, "measured_ms": f, "predicted_ms": fit.predict(m)}
+            for name, (m, f) in zip(results, pairs, strict=True)
+        },
+        "loo_max_error": max(loo) if loo else None,
+        "working_set_tokens": tokens,
+        "m_kv_heads": kv_miss_rate(tokens, shape, capacity),
+        "m_seed": seed_miss_rate(tokens, shape, capacity),
+        "m_measured_rr_prefix": 1 - rr["prefix_hit_rate"] if rr else None,
+    }
 
 
 @contextlib.contextmanager
