@@ -521,9 +521,11 @@ def main(
             w = r["warms"]
             console.print(
                 f"{name}: {w.get('commands', 0)} warmup commands heard, {w.get('sent', 0)} prefills sent "
-                f"({w.get('busy', 0)} skipped: instance busy, {w.get('already_held', 0)}: already held), "
-                f"{w.get('used', 0)} used, {w.get('wasted', 0)} wasted, precision {w.get('precision')}; "
-                f"{w.get('prefill_tokens', 0)} tokens prefilled"
+                f"({w.get('deferred', 0)} waited for their turn to be near, {w.get('overtaken', 0)} overtaken "
+                f"by it, {w.get('busy', 0)} given up: instance busy, {w.get('already_held', 0)}: already "
+                f"held), {w.get('used', 0)} used, {w.get('wasted', 0)} wasted ({w.get('evicted', 0)} "
+                f"evicted before the turn), precision {w.get('precision')}, sent {w.get('lead_ms_mean')} ms "
+                f"before the turn on average; {w.get('prefill_tokens', 0)} tokens prefilled"
             )
     ftl = ftl_fit(results, reqs, kv_blocks)
     if ftl:

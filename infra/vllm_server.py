@@ -121,12 +121,15 @@ class VllmServer(ManagedServer):
         args = [
             str(python), "-m", "vllm.entrypoints.cli.main", "serve", str(self.model_dir),
             "--served-model-name", self.model,
-            "--dtype", "bfloat16",
+            # float32, not bfloat16: on a CPU that lists AMX, vLLM's bf16 attention takes its AMX kernel,
+            # which dies of SIGILL on grouped-query models here (seen on a VM listing amx_tile/amx_bf16).
+            "--dtype", "float32",
             "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
             "--block-size", str(BLOCK_SIZE),
             "--max-model-len", str(self.max_model_len),
             "--host", LOOPBACK, "--port", str(self.port),
             "--disable-uvicorn-access-log",
+            "--enable-prompt-tokens-details",  # usage says how much of the prompt was cached
             "-O0",
         ]  # fmt: skip
         if self.kv_blocks is not None:

@@ -401,7 +401,7 @@ class WarmupRequested(_TierCommand):
     type: Literal["tier.warmup_requested"] = "tier.warmup_requested"
     tier: Tier = "l1"
     start_at_ms: Annotated[int, Field(ge=0)] | None = None
-    deadline_ms: Annotated[int, Field(ge=0)] | None = None
+    deadline_ms: Annotated[int, Field(ge=0)] | None = None  # for a conversation: its next turn, expected
     # Added within v1 (optional): the conversation a conversation warmup is for, so that a gateway
     # routing it can prefill its prompt on the instance the conversation is routed to.
     trace_id: str | None = None

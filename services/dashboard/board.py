@@ -1,6 +1,7 @@
 """What the dashboard shows, kept in memory: time series (hit rate per tier, QPS/entropy, warmup Δt,
-invalidations) and the latest rows (drift clusters, heat and warmup decisions, degrade/breaker state).
-Pure: fed tier-node stats and events by the service, the clock passed in."""
+invalidations) and the latest rows (drift clusters, heat and warmup decisions, degrade/breaker state,
+the gateways' engine instances and routing decisions). Pure: fed tier-node stats, gateway reports and
+events by the service, the clock passed in."""
 
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ class Board:
         self.heat: deque[dict[str, Any]] = deque(maxlen=max_rows)
         self.warmups: deque[dict[str, Any]] = deque(maxlen=max_rows)
         self.mode_changes: deque[dict[str, Any]] = deque(maxlen=max_rows)
+        self.instances: dict[tuple[str, str], dict[str, Any]] = {}
+        self.routes: list[dict[str, Any]] = []
+        self.warms: dict[str, dict[str, Any]] = {}  # per gateway: its warm counts
         self.totals: dict[str, int] = {
             "heat_decisions": 0,
             "warmup_decisions": 0,
@@ -100,6 +104,23 @@ class Board:
         if lookups > 0:
             rates = {tier: hits[tier] / lookups for tier in TIERS}
             self.hit_rate.add(now_ms / 1000, all=sum(hits.values()) / lookups, **rates)
+
+    # --- gateways -------------------------------------------------------------------------------
+
+    def observe_routing(self, reports: list[dict[str, Any]]) -> None:
+        """One sample of every gateway's health report: its engine instances, its latest routing
+        decisions (where, why, the blocks it predicted the instance would not compute and those the
+        engine reported cached) and what its warms for conversations came to."""
+        routes: list[dict[str, Any]] = []
+        for report in reports:
+            gateway = str(report.get("node_id"))
+            routing = (report.get("gateway") or {}).get("routing") or {}
+            for row in routing.get("instances") or []:
+                self.instances[(gateway, str(row.get("name")))] = {"gateway": gateway, **row}
+            routes += [{"gateway": gateway, **r} for r in routing.get("recent") or []]
+            if routing.get("warms"):
+                self.warms[gateway] = routing["warms"]
+        self.routes = sorted(routes, key=lambda r: -(r.get("at_ms") or 0))[: self.max_rows]
 
     # --- events ---------------------------------------------------------------------------------
 
@@ -171,6 +192,14 @@ class Board:
                 }
             )
 
+    def _warm_totals(self) -> dict[str, int]:
+        if not self.warms:
+            return {}
+        return {
+            f"engine_warms_{k}": sum(int(w.get(k) or 0) for w in self.warms.values())
+            for k in ("sent", "used", "wasted")
+        }
+
     @property
     def traffic(self) -> Series:
         series = Series(("qps", "entropy_bits"), self.max_points)
@@ -193,7 +222,9 @@ class Board:
             "heat": list(self.heat),
             "warmups": list(self.warmups),
             "mode_changes": list(self.mode_changes),
-            "totals": dict(self.totals),
+            "instances": [self.instances[k] for k in sorted(self.instances)],
+            "routes": self.routes,
+            "totals": {**self.totals, **self._warm_totals()},
         }
 
 

@@ -1,6 +1,7 @@
 """The dashboard service: tails the records topics (windows, drift, heat, warmup, invalidation, tier
-status; in no consumer group, see tail.py) into a `Board`, samples every tier node's `/v1/stats`, and
-serves one page that draws them (`/dashboard/`, its JSON at `/dashboard/api/snapshot`) on `http_port`
+status; in no consumer group, see tail.py) into a `Board`, samples every tier node's `/v1/stats` and
+every gateway's health report (its routing over engine instances), and serves one page that draws them
+(`/dashboard/`, its JSON at `/dashboard/api/snapshot`) on `http_port`
 (8790) and on its metrics port. Works offline: the chart library (uPlot) is a file in `static/`."""
 
 from __future__ import annotations
@@ -123,20 +124,28 @@ class DashboardService(Service):
         found = [s for s in stats if isinstance(s, dict)]
         self.tiers_seen = [u for u, s in zip(urls, stats, strict=True) if isinstance(s, dict)]
         self.board.observe_stats(found, _now_ms())
+        gateways = self.dashboard_settings.gateway_health_urls or self._discover("gateway")
+        reports = await asyncio.gather(*(self._get_json(u) for u in gateways))
+        self.board.observe_routing([r for r in reports if isinstance(r, dict)])
         self.samples += 1
 
-    async def _discover_tiers(self) -> list[str]:
-        """The tiers services the launcher started (re-read each time: the file is written after every
-        service has started, and rewritten by the next `cachemesh up`)."""
+    def _discover(self, name: str) -> list[str]:
+        """The health URLs of the services called `name` in the launcher's state file."""
         try:
             state = json.loads(self.dashboard_settings.state_file.read_text())
         except (OSError, ValueError):
             return []
+        return [
+            str(svc["health_url"])
+            for svc in state.get("services") or []
+            if svc.get("name") == name and svc.get("health_url")
+        ]
+
+    async def _discover_tiers(self) -> list[str]:
+        """The tiers services the launcher started, by their API (re-read each time: the file is
+        written after every service has started, and rewritten by the next `cachemesh up`)."""
         urls = []
-        for svc in state.get("services") or []:
-            if svc.get("name") != "tiers" or not svc.get("health_url"):
-                continue
-            health_url = svc["health_url"]
+        for health_url in self._discover("tiers"):
             if health_url not in self._api_of:
                 health = await self._get_json(health_url)
                 api = (health or {}).get("api") or {}

@@ -26,6 +26,9 @@ class DashboardSettings(ServiceSettings):
 
     # Tier node API base URLs ("http://127.0.0.1:8700,..."); empty: found through the state file.
     tiers_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Gateway health URLs ("http://127.0.0.1:8712/healthz,..."), whose reports carry the routing over
+    # engine instances; empty: found through the state file.
+    gateway_health_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     state_file: Path = Field(default_factory=default_state_file)
     # A port people can remember for the page (it is served on the metrics port too, 8711 under the
     # launcher). 0 picks a free port, None serves it on the metrics port only.
@@ -37,7 +40,7 @@ class DashboardSettings(ServiceSettings):
     max_rows: Annotated[int, Field(gt=0)] = 20
     request_timeout_s: Annotated[float, Field(gt=0)] = 2.0
 
-    @field_validator("tiers_urls", mode="before")
+    @field_validator("tiers_urls", "gateway_health_urls", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
+import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +23,7 @@ from prometheus_client import Counter, Histogram
 from schemas.events import Event, KvBlockRemoved, KvBlockStored
 from services.gateway.routing import DEFAULT_WEIGHTS, Choice, Instance, Weights, choose
 from services.gateway.upstream import Upstream
-from services.gateway.warming import EngineWarmer, Warm
+from services.gateway.warming import EngineWarmer, Turnover, Warm
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +37,7 @@ PREDICTED = Histogram(
 )
 WARMS = Counter(
     "cachemesh_gateway_engine_warms_total",
-    "Prefills sent for a conversation's next turn, and what became of them (used, wasted, failed; "
-    "skipped: an unknown conversation, a busy instance, or one holding it all already)",
+    "Prefills sent for a conversation's next turn, and what became of them (used, wasted, failed)",
     ["instance", "outcome"],
 )
 REALISED = Histogram(
@@ -86,6 +88,11 @@ class Engine:
     upstream: Upstream
     state: Instance
     metrics_url: str
+    pool_blocks: int | None = None  # its KV pool (vllm:cache_config_info), once its /metrics said
+    turnover: Turnover = field(default_factory=Turnover)
+
+    def survive_ms(self) -> float | None:
+        return self.turnover.survive_ms(self.pool_blocks)
 
 
 @dataclass
@@ -94,6 +101,7 @@ class Route:
     choice: Choice | None
     keys: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
+    decision: dict[str, Any] | None = None  # its row in Engines.decisions
 
     @property
     def compute_blocks(self) -> float:
@@ -120,6 +128,7 @@ class Engines:
         block_size: int,
         tiers_prefix: Callable[[list[str]], Any] | None = None,
         weights: Weights = DEFAULT_WEIGHTS,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         if not engines:
             raise ValueError("no upstream configured")
@@ -133,6 +142,9 @@ class Engines:
         self.sticky: dict[str, str] = {}  # conversation -> instance it was last routed to
         self.counts: dict[str, int] = {}
         self.warmer = EngineWarmer(block_size=block_size)
+        # The latest choices, newest first, for the dashboard: where, why, predicted vs realised blocks.
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
+        self.clock_ms = clock_ms  # wall time: warmup's turn times are wall times
 
     @property
     def first(self) -> Engine:
@@ -154,11 +166,14 @@ class Engines:
             engine.state.removed(event.block_hash)
 
     async def poll_queues(self, http: httpx.AsyncClient) -> None:
-        """Each engine's queue (vllm:num_requests_waiting) and whether it answers at all."""
+        """Each engine's queue (vllm:num_requests_waiting), its KV pool, and whether it answers at all;
+        how fast it replaces its blocks."""
         for engine in self.engines:
+            engine.turnover.sample(self.clock_ms(), engine.state.stored_total)
             try:
                 response = await http.get(engine.metrics_url, timeout=2.0)
                 engine.state.waiting = int(_gauge(response.text, "vllm:num_requests_waiting"))
+                engine.pool_blocks = _pool_blocks(response.text) or engine.pool_blocks
             except (httpx.HTTPError, ValueError):
                 engine.state.waiting = 0
 
@@ -179,6 +194,8 @@ class Engines:
         ids, keys = self._keys(body, model) if len(self.engines) > 1 else ([], [])
         if len(self.engines) == 1 or len(candidates) == 1:
             route = Route(candidates[0], None, keys, ids)
+            if len(self.engines) > 1:
+                self._decided(route, "only", conversation)
             self._follow(conversation, model, route)
             return route
         held = await self._tiers_held(keys) if keys else 0
@@ -190,8 +207,21 @@ class Engines:
         PREDICTED.observe(choice.predicted_blocks)
         self.counts[choice.reason] = self.counts.get(choice.reason, 0) + 1
         route = Route(engine, choice, keys, ids)
+        self._decided(route, choice.reason, conversation)
         self._follow(conversation, model, route)
         return route
+
+    def _decided(self, route: Route, reason: str, conversation: str | None) -> None:
+        route.decision = {
+            "at_ms": self.clock_ms(),
+            "instance": route.engine.name,
+            "reason": reason,
+            "conversation": conversation,
+            "prompt_blocks": len(route.keys),
+            "predicted_blocks": route.choice.predicted_blocks if route.choice is not None else None,
+            "realised_blocks": None,  # the engine's cached_tokens, when its answer says
+        }
+        self.decisions.appendleft(route.decision)
 
     def _follow(self, conversation: str | None, model: str, route: Route) -> None:
         """Where the conversation went, with what prompt; a warm made for it is judged."""
@@ -204,7 +234,8 @@ class Engines:
         warm = self.warmer.pending(conversation)
         if warm is not None:
             blocks = self.by_name(warm.instance).state.blocks
-            outcome = self.warmer.judge(conversation, name, bool(warm.keys) and warm.keys[-1] in blocks)
+            held = bool(warm.keys) and warm.keys[-1] in blocks
+            outcome = self.warmer.judge(conversation, name, held, self.clock_ms())
             if outcome is not None:
                 WARMS.labels(warm.instance, outcome).inc()
         if route.keys:
@@ -220,16 +251,23 @@ class Engines:
 
     # --- warming for a conversation's next turn ---------------------------------------------------
 
-    def warm_for(self, conversation: str) -> Warm | None:
-        """The prefill that gets `conversation`'s instance ready for its next turn (warming.py), or
-        None; the caller sends it with `send_warm`."""
+    def warm_for(self, conversation: str, due_ms: int | None = None) -> list[Warm]:
+        """A warmup command for `conversation`, its next turn expected at `due_ms` (wall ms): the
+        prefills that are due now (warming.py); the caller sends them with `send_warm`, and asks
+        `warms_ready` again for those that wait."""
+        self.warmer.on_command(conversation, self.clock_ms(), due_ms)
+        return self.warms_ready()
+
+    def warms_ready(self) -> list[Warm]:
+        if not self.warmer.armed():
+            return []
         idle = {e.name: e.state.in_flight == 0 and e.state.waiting == 0 for e in self.engines}
-        prompt_keys = self.warmer.prompt_keys(conversation)
-        held = {e.name: e.state.prefix(prompt_keys) for e in self.engines}
-        warm = self.warmer.on_command(conversation, idle=idle, held=held)
-        if warm is None:
-            WARMS.labels("-", "skipped").inc()
-        return warm
+        return self.warmer.ready(
+            self.clock_ms(),
+            idle=idle,
+            held=lambda keys, name: self.by_name(name).state.prefix(keys),
+            survive_ms=lambda name: self.by_name(name).survive_ms(),
+        )
 
     async def send_warm(self, warm: Warm, timeout_s: float = 60.0) -> bool:
         """The prefill on its instance (`max_tokens: 1`), counted as load there while it runs."""
@@ -269,6 +307,8 @@ class Engines:
         cached = details.get("cached_tokens")
         if route.choice is not None and isinstance(cached, int):
             REALISED.observe(cached // block_size)
+        if route.decision is not None and isinstance(cached, int):
+            route.decision["realised_blocks"] = cached // block_size
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -281,12 +321,15 @@ class Engines:
                     "pending_blocks": e.state.pending_blocks,
                     "waiting": e.state.waiting,
                     "blocks": len(e.state.blocks),
+                    "pool_blocks": e.pool_blocks,
+                    "survive_ms": _finite(e.survive_ms()),
                     "calls": e.upstream.calls,
                 }
                 for e in self.engines
             ],
             "reasons": dict(self.counts),
             "warms": self.warmer.counts.as_dict(),
+            "recent": list(self.decisions),
         }
 
 
@@ -296,3 +339,16 @@ def _gauge(text: str, name: str) -> float:
         if line.startswith(name) and (len(line) == len(name) or line[len(name)] in "{ "):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+_POOL = re.compile(r'^vllm:cache_config_info\{[^}]*num_gpu_blocks="(\d+)"', re.MULTILINE)
+
+
+def _pool_blocks(text: str) -> int | None:
+    """The engine's KV pool in blocks, from vllm:cache_config_info's labels."""
+    match = _POOL.search(text)
+    return int(match.group(1)) if match else None
+
+
+def _finite(ms: float | None) -> float | None:
+    return None if ms is None or ms == float("inf") else round(ms, 1)

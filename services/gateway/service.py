@@ -21,6 +21,7 @@ from services.gateway.routing import Instance, Weights
 from services.gateway.settings import GatewaySettings
 from services.gateway.tier_cache import TierCache
 from services.gateway.upstream import Upstream
+from services.gateway.warming import Warm
 from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventPublisher
 from services.runtime.service import Loop, Service
@@ -157,13 +158,23 @@ class GatewayService(Service):
         event = delivery.event
         if isinstance(event, WarmupRequested):
             if event.trace_id is not None:
-                warm = self.engines.warm_for(event.trace_id)
-                if warm is not None:  # in the background: the consumer goes on hearing KV events
-                    task = asyncio.create_task(self.engines.send_warm(warm))
-                    self._warms.add(task)
-                    task.add_done_callback(self._warms.discard)
+                self._send_warms(self.engines.warm_for(event.trace_id, event.deadline_ms))
             return
         self.engines.on_kv_event(event)
+
+    def _send_warms(self, warms: list[Warm]) -> None:
+        assert self.engines is not None
+        for warm in warms:  # in the background: the consumer goes on hearing KV events
+            task = asyncio.create_task(self.engines.send_warm(warm))
+            self._warms.add(task)
+            task.add_done_callback(self._warms.discard)
+
+    async def _warms_waiting(self) -> None:
+        """Commands that wait for their turn to be near, or for their instance to be idle."""
+        while True:
+            await asyncio.sleep(self.engines.warmer.retry_ms / 1000 if self.engines else 0.1)
+            if self.engines is not None:
+                self._send_warms(self.engines.warms_ready())
 
     async def _cancel_warms(self) -> None:
         for task in list(self._warms):
@@ -197,7 +208,7 @@ class GatewayService(Service):
             await server.stop()
 
     def loops(self) -> Sequence[Loop]:
-        return (self._end_idle_conversations, self._api_ticks, self._poll_queues)
+        return (self._end_idle_conversations, self._api_ticks, self._poll_queues, self._warms_waiting)
 
     async def _end_idle_conversations(self) -> None:
         assert self.proxy is not None

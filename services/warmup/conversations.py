@@ -35,6 +35,7 @@ class Due:
     node_id: str
     blocks: list[str]
     why: str
+    turn_at_ms: int  # when the next turn is expected
 
 
 class Conversations:
@@ -157,7 +158,7 @@ class Conversations:
                 f"conversation {trace_id} idle {idle} ms, next turn expected after ~{gap:.0f} ms; "
                 f"{len(wanted)} of its {len(conv.blocks)} blocks are not resident"
             )
-            out.append(Due(trace_id, conv.node_id, wanted, why))
+            out.append(Due(trace_id, conv.node_id, wanted, why, int(conv.last_ms + gap)))
         return out
 
     def loading(self, trace_id: str, blocks: list[str]) -> None:

@@ -282,6 +282,7 @@ class WarmupPlanner:
                 tier=self.config.conversation_tier,
                 node_id=due.node_id,
                 trace_id=due.trace_id,
+                deadline_ms=due.turn_at_ms,
             )
             sent = [k for e in events if isinstance(e, WarmupRequested) for k in e.keys]
             held_for_waste = any(
@@ -364,6 +365,7 @@ class WarmupPlanner:
         tier: Tier | None = None,
         node_id: str | None = None,
         trace_id: str | None = None,
+        deadline_ms: int | None = None,
     ) -> list[Event]:
         c = self.config
         fresh = [k for k in dict.fromkeys(keys) if not self._recently_warmed(k, at_ms)]
@@ -391,7 +393,7 @@ class WarmupPlanner:
                     tier=tier or c.tier,
                     reason=f"{source}: {why}"[:1000],
                     start_at_ms=start_ms,
-                    deadline_ms=start_ms + c.peak_horizon_ms,
+                    deadline_ms=deadline_ms if deadline_ms is not None else start_ms + c.peak_horizon_ms,
                     trace_id=trace_id,
                     occurred_at_ms=at_ms,
                 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -23,6 +24,8 @@ from infra.vllm_server import BLOCK_SIZE, VllmServer
 from schemas.events import KvBlockStored
 from services.bridge.service import BridgeService
 from services.bridge.settings import BridgeSettings, PublisherConfig
+from services.dashboard.service import DashboardService
+from services.dashboard.settings import DashboardSettings
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings, UpstreamConfig
 from services.warmup.service import WarmupService
@@ -30,6 +33,7 @@ from services.warmup.settings import WarmupSettings
 from tests.integration.conftest import kafka_settings_for
 from tests.integration.nodes import running, serving, until
 from tests.integration.test_bridge_service import Tap
+from tests.integration.test_dashboard_browser import CHROMIUM, _chromium
 from tests.integration.test_vllm_connector import node_settings_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -176,10 +180,12 @@ async def test_warmup_prefills_a_conversation_on_its_instance_before_its_next_tu
             assert gateway.stats()["routing"]["warms"]["precision"] == 1.0
 
 
-async def test_routing_by_prefix_conversation_and_failover(kafka, postgres, pg_settings, engines) -> None:
+async def test_routing_by_prefix_conversation_and_failover(
+    kafka, postgres, pg_settings, engines, tmp_path
+) -> None:
     a, b = engines
     rng = random.Random(21)
-    async with mesh(kafka, postgres, pg_settings, a, b) as (gateway, client, tap, _):
+    async with mesh(kafka, postgres, pg_settings, a, b) as (gateway, client, tap, namespace):
         assert gateway.engines is not None
         # 1. The gateway's keys for a chat request are the engine's (its tokenizer and chat template).
         first = words(rng, 120)
@@ -202,6 +208,36 @@ async def test_routing_by_prefix_conversation_and_failover(kafka, postgres, pg_s
             assert headers["x-cachemesh-instance"] == where
             assert headers["x-cachemesh-route"] == "prefix"
             assert int(headers["x-cachemesh-route-predicted-blocks"]) >= len(keys)
+
+        # 2b. The dashboard shows both instances and these decisions: the blocks predicted beside
+        #     those the engine reported cached (usage.prompt_tokens_details), in a real Chromium.
+        assert CHROMIUM is not None, "make setup installs Debian's chromium"
+        assert gateway.metrics_server is not None
+        dash = DashboardService(
+            DashboardSettings(
+                kafka=kafka_settings_for(kafka, namespace),
+                gateway_health_urls=[f"http://127.0.0.1:{gateway.metrics_server.port}/healthz"],
+                state_file=tmp_path / "no-state.json",
+                poll_interval_ms=200,
+                http_port=0,
+            )
+        )
+        async with serving(dash):
+            board = dash.board
+
+            def prefix_rows() -> list[dict[str, Any]]:
+                rows = [r for r in board.routes if r["reason"] == "prefix"]
+                return [r for r in rows if r["realised_blocks"] is not None]
+
+            await until(
+                lambda: len(board.instances) == 2 and len(prefix_rows()) >= 3, timeout_s=30, step_s=0.05
+            )
+            for row in prefix_rows():
+                assert row["realised_blocks"] >= len(keys) and row["predicted_blocks"] >= len(keys)
+            base = f"http://127.0.0.1:{dash.page_server.port}/dashboard/"  # type: ignore[union-attr]
+            dom = await _chromium("--virtual-time-budget=3000", "--dump-dom", base)
+        assert 'id="table-instances" data-rows="2"' in dom
+        assert re.search(r'id="table-routes" data-rows="([3-9]|\d\d)"', dom), "routing rows not drawn"
 
         # 3. A conversation stays on its instance (nothing cached anywhere: affinity decides).
         conv = {"x-cachemesh-conversation-id": f"conv-{uuid.uuid4().hex[:6]}"}

@@ -38,7 +38,7 @@ function table(name, rows, columns) {
   const head = "<tr>" + columns.map((c) => "<th>" + c + "</th>").join("") + "</tr>";
   const body = rows.map((r) => "<tr>" + columns.map((c) => {
     const v = c.endsWith("_ms") && c.startsWith("at") ? new Date(r[c]).toLocaleTimeString() : fmt(r[c]);
-    const bad = (c === "breaker" && v !== "closed" && v !== "") || (c === "mode" && v === "local_only");
+    const bad = (c === "breaker" && v !== "closed" && v !== "") || (c === "mode" && v === "local_only") || (c === "healthy" && v === "false");
     return "<td" + (bad ? ' class="bad"' : "") + ">" + v.replace(/</g, "&lt;") + "</td>";
   }).join("") + "</tr>").join("");
   el.innerHTML = head + body;
@@ -58,6 +58,8 @@ async function poll() {
     table("heat", snap.heat, ["at_ms", "key", "decision", "score", "model_version"]);
     table("warmups", snap.warmups, ["at_ms", "action", "source", "keys", "tier", "reason"]);
     table("mode_changes", snap.mode_changes, ["at_ms", "node_id", "previous_mode", "mode", "reason"]);
+    table("instances", snap.instances, ["gateway", "name", "healthy", "in_flight", "waiting", "blocks", "pool_blocks", "survive_ms", "calls"]);
+    table("routes", snap.routes, ["at_ms", "gateway", "instance", "reason", "conversation", "prompt_blocks", "predicted_blocks", "realised_blocks"]);
     document.getElementById("totals").textContent = Object.entries(snap.totals).map(([k, v]) => k + " " + v).join(" · ");
     status.dataset.polls = String(Number(status.dataset.polls) + 1);
     status.textContent = "live · " + snap.tiers.length + " tier node(s) · " + new Date(snap.now_ms).toLocaleTimeString();

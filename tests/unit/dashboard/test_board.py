@@ -3,6 +3,8 @@ rows, bounded history."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from schemas.events import (
@@ -167,3 +169,27 @@ def test_windows_of_several_shards_make_one_point_per_window_end_in_time_order()
     assert traffic["t"] == [1.0, 2.0]
     assert traffic["qps"] == [10.0, 10.0]
     assert traffic["entropy_bits"] == [2.0, 2.0]
+
+
+def test_routing_rows_come_from_every_gateways_report_newest_first() -> None:
+    board = Board(max_rows=3)
+
+    def report(node: str, at: list[int]) -> dict[str, Any]:
+        routing = {
+            "instances": [{"name": "a", "healthy": True}, {"name": "b", "healthy": False}],
+            "recent": [
+                {"at_ms": t, "instance": "a", "reason": "prefix", "predicted_blocks": 4, "realised_blocks": 4}
+                for t in at
+            ],
+            "warms": {"sent": 3, "used": 2, "wasted": 1},
+        }
+        return {"node_id": node, "gateway": {"routing": routing}}
+
+    board.observe_routing([report("gw1", [5, 1]), report("gw2", [4, 3]), {"node_id": "broken"}])
+    snap = board.snapshot(10)
+    assert [(r["gateway"], r["at_ms"]) for r in snap["routes"]] == [("gw1", 5), ("gw2", 4), ("gw2", 3)]
+    assert [(r["gateway"], r["name"], r["healthy"]) for r in snap["instances"]] == [
+        ("gw1", "a", True), ("gw1", "b", False), ("gw2", "a", True), ("gw2", "b", False),
+    ]  # fmt: skip
+    assert snap["totals"]["engine_warms_sent"] == 6 and snap["totals"]["engine_warms_used"] == 4
+    assert "engine_warms_sent" not in Board().snapshot(0)["totals"]  # no gateway: no warm totals

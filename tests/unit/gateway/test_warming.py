@@ -9,57 +9,114 @@ from typing import Any
 import httpx
 
 from services.gateway.breaker import FailureBreaker
-from services.gateway.engines import Engine, Engines
+from services.gateway.engines import Engine, Engines, _pool_blocks
 from services.gateway.routing import Instance
 from services.gateway.upstream import Upstream
-from services.gateway.warming import EngineWarmer
+from services.gateway.warming import EngineWarmer, Turnover
 
 IDS = list(range(100, 170))  # 70 tokens: 2 full blocks of 32 and 6 more
 KEYS = ["kv:a", "kv:b"]
+
+
+def held_of(table: dict[str, int]) -> Any:
+    return lambda keys, instance: table.get(instance, 0)
+
+
+def ready(
+    w: EngineWarmer, now: int, idle: dict[str, bool], held: dict[str, int], life: float | None = None
+) -> list[Any]:
+    return w.ready(now, idle=idle, held=held_of(held), survive_ms=lambda name: life)
 
 
 def test_a_command_is_answered_with_the_conversations_latest_prompt_on_its_instance() -> None:
     w = EngineWarmer(block_size=32)
     w.routed("c1", "i0", "m", IDS[:40], KEYS[:1])
     w.routed("c1", "i1", "m", IDS, KEYS)  # its latest turn went to i1
-    warm = w.on_command("c1", idle={"i0": True, "i1": True}, held={"i0": 0, "i1": 1})
-    assert warm is not None and warm.instance == "i1" and warm.model == "m"
+    w.on_command("c1", now_ms=0)
+    [warm] = ready(w, 0, {"i0": True, "i1": True}, {"i0": 0, "i1": 1})
+    assert warm.instance == "i1" and warm.model == "m"
     assert list(warm.ids) == IDS and warm.held_blocks == 1
     assert w.counts.sent == 1 and w.counts.prefill_tokens == 70 - 32
+    assert ready(w, 0, {"i0": True, "i1": True}, {}) == []  # answered once
 
 
-def test_no_warm_for_an_unknown_conversation_a_busy_instance_or_one_holding_it_all() -> None:
-    w = EngineWarmer(block_size=32)
-    assert w.on_command("nobody", idle={"i0": True}, held={}) is None
+def test_no_warm_for_an_unknown_conversation_or_one_held_whole_and_a_busy_instance_is_waited_for() -> None:
+    w = EngineWarmer(block_size=32, retry_ms=100, max_wait_ms=1_000)
+    w.on_command("nobody", now_ms=0)
     w.routed("c1", "i0", "m", IDS, KEYS)
-    assert w.on_command("c1", idle={"i0": False}, held={"i0": 0}) is None
-    assert w.on_command("c1", idle={"i0": True}, held={"i0": 2}) is None
+    w.on_command("c1", now_ms=0)
+    assert ready(w, 0, {"i0": True}, {"i0": 2}) == []  # it holds all of it
     w.routed("short", "i0", "m", IDS[:10], [])
-    assert w.on_command("short", idle={"i0": True}, held={"i0": 0}) is None
+    w.on_command("short", now_ms=0)
+    assert ready(w, 0, {"i0": True}, {"i0": 0}) == []
+    w.on_command("c1", now_ms=0)
+    assert ready(w, 0, {"i0": False}, {"i0": 0}) == []  # busy: looked at again later
+    assert ready(w, 50, {"i0": True}, {"i0": 0}) == []  # not yet
+    assert len(ready(w, 100, {"i0": True}, {"i0": 0})) == 1  # idle at the retry: sent
+    w.on_command("c1", now_ms=200)
+    for t in range(200, 1_300, 100):
+        assert ready(w, t, {"i0": False}, {"i0": 0}) == []
     c = w.counts
-    assert (c.commands, c.unknown, c.busy, c.already_held, c.sent) == (4, 1, 1, 2, 0)
+    assert (c.commands, c.unknown, c.busy, c.already_held, c.sent) == (5, 1, 1, 2, 1)
+    assert w.armed() == 0  # given up after max_wait_ms
+
+
+def test_a_warm_waits_until_it_would_survive_to_the_turn_and_the_turn_can_overtake_it() -> None:
+    w = EngineWarmer(block_size=32, survive_fraction=0.5)
+    w.routed("c1", "i0", "m", IDS, KEYS)
+    w.on_command("c1", now_ms=0, due_ms=10_000)  # the turn in 10 s; a warm lives 4 s there
+    assert ready(w, 0, {"i0": True}, {"i0": 0}, life=4_000) == []
+    assert w.counts.deferred == 1
+    assert ready(w, 7_999, {"i0": True}, {"i0": 0}, life=4_000) == []
+    [warm] = ready(w, 8_000, {"i0": True}, {"i0": 0}, life=4_000)  # 2 s before the turn
+    assert warm.sent_at_ms == 8_000
+    w.on_command("c1", now_ms=20_000, due_ms=30_000)
+    assert ready(w, 20_000, {"i0": True}, {"i0": 0}, life=4_000) == []
+    w.routed("c1", "i0", "m", IDS, KEYS)  # the turn came first
+    assert w.counts.overtaken == 1 and w.armed() == 0
+    # An instance that stores nothing keeps what it is given: no reason to wait.
+    w.on_command("c1", now_ms=40_000, due_ms=90_000)
+    assert len(ready(w, 40_000, {"i0": True}, {"i0": 0}, life=float("inf"))) == 1
+
+
+def test_turnover_is_the_pool_over_the_rate_blocks_are_stored() -> None:
+    t = Turnover(window_ms=10_000)
+    assert t.survive_ms(96) is None
+    t.sample(0, 0)
+    t.sample(1_000, 48)  # 48 blocks a second
+    assert t.survive_ms(96) == 2_000 and t.survive_ms(None) is None
+    for s in range(2, 30):
+        t.sample(s * 1_000, 48)  # then nothing stored: the old rate ages out of the window
+    assert t.survive_ms(96) == float("inf")
 
 
 def test_a_warm_is_used_when_the_next_turn_finds_it_and_wasted_otherwise() -> None:
     w = EngineWarmer(block_size=32)
     for conv in ("c1", "c2", "c3"):
         w.routed(conv, "i0", "m", IDS, KEYS)
-        assert w.on_command(conv, idle={"i0": True}, held={"i0": 0}) is not None
-    assert w.judge("c1", "i0", still_held=True) == "used"
-    assert w.judge("c2", "i0", still_held=False) == "wasted"  # evicted before the turn came
-    assert w.judge("c3", "i1", still_held=True) == "wasted"  # the turn went elsewhere
+        w.on_command(conv, now_ms=0)
+    assert len(ready(w, 0, {"i0": True}, {"i0": 0})) == 3
+    assert w.judge("c1", "i0", still_held=True, now_ms=300) == "used"
+    assert w.judge("c2", "i0", still_held=False, now_ms=300) == "wasted"  # evicted before the turn came
+    assert w.judge("c3", "i1", still_held=True, now_ms=300) == "wasted"  # the turn went elsewhere
     assert w.judge("c1", "i0", still_held=True) is None  # judged once
-    assert w.counts.precision() == 1 / 3
+    assert w.counts.precision() == 1 / 3 and w.counts.evicted == 1
+    assert w.counts.as_dict()["lead_ms_mean"] == 300
 
 
 def test_a_failed_prefill_is_not_judged_nor_counted_as_cost() -> None:
     w = EngineWarmer(block_size=32)
     w.routed("c1", "i0", "m", IDS, KEYS)
-    warm = w.on_command("c1", idle={"i0": True}, held={"i0": 0})
-    assert warm is not None
+    w.on_command("c1", now_ms=0)
+    [warm] = ready(w, 0, {"i0": True}, {"i0": 0})
     w.failed(warm)
     assert w.pending("c1") is None and w.counts.failed == 1
     assert w.counts.sent == 0 and w.counts.prefill_tokens == 0
+
+
+def test_the_pool_is_read_from_vllm_metrics() -> None:
+    text = 'vllm:cache_config_info{block_size="32",num_gpu_blocks="96",prefix_caching="True"} 1.0\n'
+    assert _pool_blocks(text) == 96 and _pool_blocks("vllm:num_requests_waiting 0.0") is None
 
 
 def engine(name: str, handler: Any) -> Engine:
@@ -85,8 +142,8 @@ async def test_engines_follow_the_conversation_send_the_prefill_and_judge_it() -
     engines.tokens = type("Ids", (), {"of": staticmethod(lambda body: body["prompt"])})()
     route = await engines.route({"prompt": IDS}, "m", "c1", set())
     where = route.engine
-    warm = engines.warm_for("c1")
-    assert warm is not None and warm.instance == where.name
+    [warm] = engines.warm_for("c1")
+    assert warm.instance == where.name
     assert await engines.send_warm(warm)
     assert bodies == [{"model": "m", "prompt": IDS, "max_tokens": 1, "temperature": 0}]
     assert where.state.in_flight == 0 and where.state.pending_blocks == 0

@@ -263,3 +263,6 @@ def test_warming_engines_answers_a_drop_from_the_gpu_and_names_the_conversation(
     assert [c.keys for c in run(False)] == [["k0"]]
     [cmd] = run(True)
     assert cmd.keys == ["k0", "k1"] and cmd.trace_id == "conv" and cmd.tier == "l2"
+    # The command says when the turn is expected (no gaps seen yet: after turn_idle_ms), so a gateway
+    # can time its prefill to outlast the engine's evictions.
+    assert cmd.deadline_ms == T + 1000
