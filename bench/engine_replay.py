@@ -62,6 +62,7 @@ from infra.process import ServerProcess
 from infra.topics import ensure_topics
 from infra.vllm_env import SMALL
 from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
+from services.gateway.warming import Gaps
 from services.warmup.ftl import FtlFit, KvShape, kv_miss_rate, seed_miss_rate
 
 RESULTS = Path(__file__).parent / "results"
@@ -122,6 +123,34 @@ def read_requests(
     else:
         rows = rows[start:]
     return [Request(ids, out, i, at) for i, ids, out, at in rows[:count]]
+
+
+def warm_bound(requests: list[Request], speedup: float, life_ms: float) -> dict[str, Any]:
+    """The best precision any warm timed by the time since a conversation's last request can reach
+    on these requests' own gaps (replay time), for a warm that lives `life_ms` in its engine: the
+    highest chance (services/gateway/warming.py `Gaps`, every gap known in advance) over all moments,
+    and over the moments at which the turn's blocks have been evicted already (from `life_ms` on: only
+    then is there anything to warm)."""
+    gaps = Gaps(maxlen=100_000, min_gaps=1)
+    last: dict[str, float] = {}
+    for r in requests:
+        at = r.at_ms / (speedup or 1.0)
+        if r.conversation in last:
+            gaps.add(at - last[r.conversation])
+        last[r.conversation] = at
+    moments = sorted({0.0, life_ms, *(t for g in gaps._sorted for t in (g, g - life_ms) if t >= 0)})
+
+    def best(since: float) -> tuple[float, float]:
+        return max(((gaps.chance(t, life_ms), t) for t in moments if t >= since), default=(0.0, since))
+
+    anytime, lost = best(0.0), best(life_ms)
+    return {
+        "life_ms": life_ms,
+        "best_precision": anytime[0],
+        "best_at_ms": anytime[1],
+        "best_precision_once_evicted": lost[0],
+        "best_once_evicted_at_ms": lost[1],
+    }
 
 
 def reuse_bound(requests: list[Request]) -> float:
@@ -305,6 +334,7 @@ def routed_row(
     speedup: float,
     warmup: bool = False,
     kill_halfway: bool = False,
+    warm_min_precision: float | None = None,
 ) -> dict[str, Any]:
     ns = common["KAFKA_TOPIC_NAMESPACE"]
     ids = [f"{name}-{i}-{ns}" for i in range(len(engines))]
@@ -348,6 +378,11 @@ def routed_row(
             "CACHEMESH_GATEWAY_ROUTING_BLOCK_SIZE": str(BLOCK_SIZE),
             "CACHEMESH_GATEWAY_QUEUE_POLL_MS": "200",
             "CACHEMESH_GATEWAY_ROUTING_WARM": "true" if warmup else "false",
+            **(
+                {"CACHEMESH_GATEWAY_ROUTING_WARM_MIN_PRECISION": str(warm_min_precision)}
+                if warm_min_precision is not None
+                else {}
+            ),
         },
         logs,
     )
@@ -368,6 +403,8 @@ def routed_row(
         out["routing_reasons"] = routing.get("reasons", {})
         if warmup:
             out["warms"] = routing.get("warms", {})
+            lives = [i["survive_ms"] for i in routing.get("instances", []) if i.get("survive_ms")]
+            out["warm_life_ms"] = statistics.fmean(lives) if lives else None
         return out
 
 
@@ -424,6 +461,10 @@ def main(
         bool,
         typer.Option(help="Also routed_tiers_warmup_kill: the full stack with an instance killed halfway"),
     ] = False,
+    warm_min_precision: Annotated[
+        float | None,
+        typer.Option(help="The gateway's routing_warm_min_precision (default: the gateway's own)"),
+    ] = None,
 ) -> None:
     chosen = [r for r in rows.split(",") if r] + (["routed_tiers_warmup_kill"] if kill_halfway else [])
     unknown = set(chosen) - {*ROWS, "routed_tiers_warmup_kill"}
@@ -484,7 +525,7 @@ def main(
                 with _all(pair):
                     results[row] = routed_row(
                         row, pair, reqs, common, node, logs, progress, speedup, warmup=warm,
-                        kill_halfway=row.endswith("_kill"),
+                        kill_halfway=row.endswith("_kill"), warm_min_precision=warm_min_precision,
                     )  # fmt: skip
         finally:
             node.stop()
@@ -521,12 +562,22 @@ def main(
             w = r["warms"]
             console.print(
                 f"{name}: {w.get('commands', 0)} warmup commands heard, {w.get('sent', 0)} prefills sent "
-                f"({w.get('deferred', 0)} waited for their turn to be near, {w.get('overtaken', 0)} overtaken "
-                f"by it, {w.get('busy', 0)} given up: instance busy, {w.get('already_held', 0)}: already "
-                f"held), {w.get('used', 0)} used, {w.get('wasted', 0)} wasted ({w.get('evicted', 0)} "
-                f"evicted before the turn), precision {w.get('precision')}, sent {w.get('lead_ms_mean')} ms "
-                f"before the turn on average; {w.get('prefill_tokens', 0)} tokens prefilled"
+                f"({w.get('deferred', 0)} waited for a likely moment, {w.get('unlikely', 0)} dropped: "
+                f"turn unlikely within a warm's life, {w.get('overtaken', 0)} overtaken by the turn, "
+                f"{w.get('busy', 0)} instance busy, {w.get('already_held', 0)} already held); "
+                f"{w.get('used', 0)} used, {w.get('wasted', 0)} wasted ({w.get('evicted', 0)} evicted "
+                f"first): precision {w.get('precision')} (predicted {w.get('predicted_precision')}), "
+                f"sent {w.get('lead_ms_mean')} ms before the turn on average; "
+                f"{w.get('prefill_tokens', 0)} tokens prefilled"
             )
+            if r.get("warm_life_ms") and speedup > 0:
+                r["warm_bound"] = bound = warm_bound(reqs, speedup, r["warm_life_ms"])
+                console.print(
+                    f"  a warm lived ~{bound['life_ms']:.0f} ms in an instance; on these gaps no timing "
+                    f"by elapsed time reaches more than {bound['best_precision']:.2f} precision "
+                    f"(at {bound['best_at_ms']:.0f} ms), {bound['best_precision_once_evicted']:.2f} once "
+                    f"the blocks were evicted (at {bound['best_once_evicted_at_ms']:.0f} ms)"
+                )
     ftl = ftl_fit(results, reqs, kv_blocks)
     if ftl:
         console.print(
@@ -546,6 +597,7 @@ def main(
         "max_blocks": max_blocks,
         "kv_blocks": kv_blocks,
         "speedup": speedup,
+        "warm_min_precision": warm_min_precision,
         "reuse_bound": reuse_bound(reqs),
         "rows": results,
         "ftl_fit": ftl,

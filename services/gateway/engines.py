@@ -110,6 +110,7 @@ class Route:
         return float(max(1, len(self.keys) - predicted))
 
     def started(self) -> None:
+        self.engine.state.sent_blocks += max(1, len(self.keys))
         self.engine.state.in_flight += 1
         self.engine.state.pending_blocks += self.compute_blocks
 
@@ -129,6 +130,7 @@ class Engines:
         tiers_prefix: Callable[[list[str]], Any] | None = None,
         weights: Weights = DEFAULT_WEIGHTS,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        warm_min_precision: float = 0.8,
     ) -> None:
         if not engines:
             raise ValueError("no upstream configured")
@@ -141,7 +143,7 @@ class Engines:
         self.weights = weights
         self.sticky: dict[str, str] = {}  # conversation -> instance it was last routed to
         self.counts: dict[str, int] = {}
-        self.warmer = EngineWarmer(block_size=block_size)
+        self.warmer = EngineWarmer(block_size=block_size, min_precision=warm_min_precision)
         # The latest choices, newest first, for the dashboard: where, why, predicted vs realised blocks.
         self.decisions: deque[dict[str, Any]] = deque(maxlen=50)
         self.clock_ms = clock_ms  # wall time: warmup's turn times are wall times
@@ -167,9 +169,9 @@ class Engines:
 
     async def poll_queues(self, http: httpx.AsyncClient) -> None:
         """Each engine's queue (vllm:num_requests_waiting), its KV pool, and whether it answers at all;
-        how fast it replaces its blocks."""
+        how fast it turns its pool over."""
         for engine in self.engines:
-            engine.turnover.sample(self.clock_ms(), engine.state.stored_total)
+            engine.turnover.sample(self.clock_ms(), engine.state.sent_blocks)
             try:
                 response = await http.get(engine.metrics_url, timeout=2.0)
                 engine.state.waiting = int(_gauge(response.text, "vllm:num_requests_waiting"))
@@ -239,7 +241,7 @@ class Engines:
             if outcome is not None:
                 WARMS.labels(warm.instance, outcome).inc()
         if route.keys:
-            self.warmer.routed(conversation, name, model, route.ids, route.keys)
+            self.warmer.routed(conversation, name, model, route.ids, route.keys, self.clock_ms())
 
     def _keys(self, body: Mapping[str, Any], model: str) -> tuple[list[int], list[str]]:
         if self.tokens is None:

@@ -37,10 +37,9 @@ class Instance:
     pending_blocks: float = 0.0  # blocks of prompt its requests in flight from here still compute
     waiting: int = 0  # requests queued in the engine (vllm:num_requests_waiting)
     blocks: OrderedDict[str, None] = field(default_factory=OrderedDict)
-    stored_total: int = 0  # blocks it reported stored, ever (how fast it replaces its pool)
+    sent_blocks: int = 0  # blocks of prompt sent to it from here, ever (how fast it turns its pool over)
 
     def stored(self, key: str) -> None:
-        self.stored_total += 1
         self.blocks[key] = None
         self.blocks.move_to_end(key)
         while len(self.blocks) > self.capacity_blocks:

@@ -96,6 +96,7 @@ class GatewayService(Service):
             block_size=s.routing_block_size,
             tiers_prefix=cache.prefix,
             weights=Weights(s.routing_tier_value, s.routing_load_cost, s.routing_affinity_slack),
+            warm_min_precision=s.routing_warm_min_precision,
         )
         if len(self.engines.engines) > 1:
             # Every gateway hears every engine's blocks (and the warmup commands): a group of its own.

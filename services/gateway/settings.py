@@ -65,6 +65,9 @@ class GatewaySettings(ServiceSettings):
     # commands naming a conversation are answered with a prefill on the conversation's instance, when
     # that instance is idle (services/gateway/warming.py). Needs several upstreams and the tokenizer.
     routing_warm: bool = True
+    # A warm is sent only when the chance its conversation's turn comes while it still lives in the
+    # engine (from the gaps between turns this gateway saw) reaches this.
+    routing_warm_min_precision: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
     # How often each instance's queue is read from its /metrics.
     queue_poll_ms: Annotated[int, Field(gt=0)] = 500
     upstream_connect_timeout_ms: Annotated[int, Field(gt=0)] = 2_000

@@ -8,12 +8,19 @@ and answers a command with a prefill of that prompt (`max_tokens: 1`) on that in
 finds what its own cache lost in the tiers (the connector loads it) or computes it, before the turn
 arrives instead of while it waits.
 
-When: a warmed block lives in an engine until the engine has stored about a pool's worth of newer
-blocks, so at the rate the instance stores blocks (its KV events) a warm survives `pool / rate`. A warm
-sent earlier than `survive_fraction` of that before the expected turn would be evicted before it is
-read: the command waits until then. A warm goes only to an idle instance (nothing in flight from here,
-nothing queued): a speculative prefill must never delay a real request; a busy instance is tried again
-every `retry_ms` until the turn is overdue. The turn arriving first cancels the warm (`overtaken`).
+When: a warmed block lives in an engine until about a pool's worth of other blocks has been read or
+computed there since (vLLM evicts the least recently used free block), so at the rate the gateway sends
+prompt blocks to the instance a warm lives `life = pool / rate`. A warm is used only if the turn comes
+within that life. The gateway sees every turn of the conversations it routes, so it knows the gaps
+between turns; at `elapsed` ms after a conversation's last request, the chance its turn falls within
+the warm's life is `P(elapsed < gap <= elapsed + life) / P(gap > elapsed)` over those gaps (`Gaps`). A
+command is answered when that chance reaches `min_precision`, at the earliest moment it does, and
+dropped (`unlikely`) when it never does: with gaps much longer than a warm lives (a pool too small for
+the traffic) no timing makes warms pay, and none is sent. Until `Gaps` knows 20 gaps, the turn time
+the command carries (`deadline_ms`) is used: the warm goes `survive_fraction` of its life before it.
+A warm goes only to an idle instance (nothing in flight from here, nothing queued): a speculative
+prefill must never delay a real request; a busy instance is tried again every `retry_ms`. The turn
+arriving first cancels the warm (`overtaken`).
 
 Each warm has an outcome, decided by the conversation's next request: `used` when it was routed to the
 warmed instance and found the warmed prompt still there (its last full block held), `wasted` when it went
@@ -23,6 +30,7 @@ did not hold when it was warmed.
 
 from __future__ import annotations
 
+import bisect
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -34,6 +42,7 @@ class Prompt:
     model: str
     ids: tuple[int, ...]
     keys: tuple[str, ...]  # its full blocks' content keys
+    at_ms: int = 0  # when it was routed
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,7 @@ class Warm:
     keys: tuple[str, ...]
     held_blocks: int  # of `keys`, what the instance held when the warm was decided
     sent_at_ms: int = 0
+    chance: float | None = None  # that the turn comes within the warm's life, when the gaps said
 
 
 @dataclass(slots=True)
@@ -59,16 +69,54 @@ class _Armed:
     deferred: bool = False
 
 
+class Gaps:
+    """The gaps between consecutive requests of a conversation, over every conversation seen (the
+    latest `maxlen`), and what they say about when a turn comes. Past the point where fewer than
+    `min_alive` of them were longer, they say nothing (chance 0): the tail of a sample is no forecast."""
+
+    def __init__(self, maxlen: int = 512, min_gaps: int = 20, min_alive: int = 10) -> None:
+        self.min_gaps = min_gaps
+        self.min_alive = min_alive
+        self._recent: deque[float] = deque(maxlen=maxlen)
+        self._sorted: list[float] = []
+
+    def add(self, gap_ms: float) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self._recent[0])]
+        self._recent.append(gap_ms)
+        bisect.insort(self._sorted, gap_ms)
+
+    @property
+    def known(self) -> bool:
+        return len(self._sorted) >= self.min_gaps
+
+    def chance(self, elapsed_ms: float, life_ms: float) -> float:
+        """P(turn within `life_ms` | none for `elapsed_ms`); 0 where too few gaps were longer."""
+        g = self._sorted
+        alive = len(g) - bisect.bisect_right(g, elapsed_ms)
+        if alive < max(1, self.min_alive):
+            return 0.0
+        return (bisect.bisect_right(g, elapsed_ms + life_ms) - (len(g) - alive)) / alive
+
+    def first_time(self, elapsed_ms: float, life_ms: float, floor: float) -> float | None:
+        """The earliest elapsed time from `elapsed_ms` on at which `chance` reaches `floor`, or None.
+        The chance only changes where a gap starts or ends the window, so only those are tried."""
+        if self.chance(elapsed_ms, life_ms) >= floor:
+            return elapsed_ms
+        candidates = sorted({t for g in self._sorted for t in (g, g - life_ms) if t > elapsed_ms})
+        return next((t for t in candidates if self.chance(t, life_ms) >= floor), None)
+
+
 class Turnover:
-    """How long a block just stored in an instance stays there: its KV pool over the rate it stores
-    blocks, from (time, blocks stored so far) samples over the last `window_ms`."""
+    """How long a block an instance just read or computed stays there: its KV pool over the rate it
+    is sent blocks (from (time, blocks sent so far) samples over the last `window_ms`)."""
 
     def __init__(self, window_ms: int = 30_000) -> None:
         self.window_ms = window_ms
         self._samples: deque[tuple[int, int]] = deque()
 
-    def sample(self, now_ms: int, stored_total: int) -> None:
-        self._samples.append((now_ms, stored_total))
+    def sample(self, now_ms: int, blocks_total: int) -> None:
+        self._samples.append((now_ms, blocks_total))
         while len(self._samples) > 2 and now_ms - self._samples[1][0] >= self.window_ms:
             self._samples.popleft()
 
@@ -95,12 +143,15 @@ class WarmCounts:
     already_held: int = 0  # the instance held the whole prompt: nothing to warm
     deferred: int = 0  # commands that waited for the turn to be near enough for the warm to survive
     overtaken: int = 0  # the turn came before the warm went out
+    unlikely: int = 0  # the turn would not come within a warm's life often enough: none sent
     failed: int = 0
     used: int = 0
     wasted: int = 0
     evicted: int = 0  # of `wasted`: the turn came to the warmed instance, the blocks had gone
     prefill_tokens: int = 0  # tokens the warmed instances did not hold (recomputed or loaded)
     lead_ms_total: float = 0.0  # from each judged warm to its turn
+    chance_total: float = 0.0  # the chances predicted for the judged warms (against `used`)
+    chance_judged: int = 0
 
     def precision(self) -> float | None:
         judged = self.used + self.wasted
@@ -116,6 +167,7 @@ class WarmCounts:
             "already_held": self.already_held,
             "deferred": self.deferred,
             "overtaken": self.overtaken,
+            "unlikely": self.unlikely,
             "failed": self.failed,
             "used": self.used,
             "wasted": self.wasted,
@@ -123,6 +175,7 @@ class WarmCounts:
             "prefill_tokens": self.prefill_tokens,
             "lead_ms_mean": self.lead_ms_total / judged if judged else None,
             "precision": self.precision(),
+            "predicted_precision": self.chance_total / self.chance_judged if self.chance_judged else None,
         }
 
 
@@ -133,17 +186,23 @@ class EngineWarmer:
     survive_fraction: float = 0.5  # send no earlier than this share of a warm's life before the turn
     retry_ms: int = 100  # a busy instance is looked at again after this
     max_wait_ms: int = 10_000  # without a turn time, how long a command waits for an idle instance
+    min_precision: float = 0.8  # the chance a warm is used below which it is not sent
     counts: WarmCounts = field(default_factory=WarmCounts)
+    gaps: Gaps = field(default_factory=Gaps)
     _prompts: OrderedDict[str, Prompt] = field(default_factory=OrderedDict)
     _armed: OrderedDict[str, _Armed] = field(default_factory=OrderedDict)  # commands not answered yet
     _pending: OrderedDict[str, Warm] = field(default_factory=OrderedDict)  # warms not judged yet
 
-    def routed(self, conversation: str, instance: str, model: str, ids: list[int], keys: list[str]) -> None:
-        """A request of `conversation` went to `instance` with this prompt, for `model`."""
+    def routed(
+        self, conversation: str, instance: str, model: str, ids: list[int], keys: list[str], now_ms: int = 0
+    ) -> None:
+        """A request of `conversation` went to `instance` with this prompt, for `model`, at `now_ms`."""
         if self._armed.pop(conversation, None) is not None:
             self.counts.overtaken += 1
-        self._prompts.pop(conversation, None)
-        self._prompts[conversation] = Prompt(instance, model, tuple(ids), tuple(keys))
+        last = self._prompts.pop(conversation, None)
+        if last is not None and now_ms > last.at_ms:
+            self.gaps.add(now_ms - last.at_ms)
+        self._prompts[conversation] = Prompt(instance, model, tuple(ids), tuple(keys), now_ms)
         while len(self._prompts) > self.max_conversations:
             self._prompts.popitem(last=False)
 
@@ -154,6 +213,9 @@ class EngineWarmer:
         if warm is None:
             return None
         self.counts.lead_ms_total += max(0, now_ms - warm.sent_at_ms)
+        if warm.chance is not None:
+            self.counts.chance_total += warm.chance
+            self.counts.chance_judged += 1
         if warm.instance == instance and still_held:
             self.counts.used += 1
             return "used"
@@ -211,7 +273,23 @@ class EngineWarmer:
                 self.counts.already_held += 1
                 continue
             life = survive_ms(prompt.instance)
-            if armed.due_ms is not None and life is not None and life != float("inf"):
+            chance = None
+            if life is not None and life != float("inf") and self.gaps.known:
+                elapsed = now_ms - prompt.at_ms
+                chance = self.gaps.chance(elapsed, life)
+                if chance < self.min_precision:
+                    later = self.gaps.first_time(elapsed, life, self.min_precision)
+                    if later is None:
+                        del self._armed[conversation]
+                        self.counts.unlikely += 1
+                        continue
+                    armed.next_at_ms = prompt.at_ms + int(later)
+                    armed.give_up_ms = max(armed.give_up_ms, armed.next_at_ms + self.max_wait_ms)
+                    if not armed.deferred:
+                        armed.deferred = True
+                        self.counts.deferred += 1
+                    continue
+            elif armed.due_ms is not None and life is not None and life != float("inf"):
                 start = int(armed.due_ms - self.survive_fraction * life)
                 armed.give_up_ms = armed.due_ms + int(self.survive_fraction * life)
                 if now_ms < start:
@@ -228,7 +306,9 @@ class EngineWarmer:
                     armed.next_at_ms = now_ms + self.retry_ms
                 continue
             del self._armed[conversation]
-            warm = Warm(conversation, prompt.instance, prompt.model, prompt.ids, prompt.keys, have, now_ms)
+            warm = Warm(
+                conversation, prompt.instance, prompt.model, prompt.ids, prompt.keys, have, now_ms, chance
+            )
             self._pending.pop(conversation, None)
             self._pending[conversation] = warm
             while len(self._pending) > self.max_conversations:

@@ -12,7 +12,7 @@ from services.gateway.breaker import FailureBreaker
 from services.gateway.engines import Engine, Engines, _pool_blocks
 from services.gateway.routing import Instance
 from services.gateway.upstream import Upstream
-from services.gateway.warming import EngineWarmer, Turnover
+from services.gateway.warming import EngineWarmer, Gaps, Turnover
 
 IDS = list(range(100, 170))  # 70 tokens: 2 full blocks of 32 and 6 more
 KEYS = ["kv:a", "kv:b"]
@@ -79,15 +79,48 @@ def test_a_warm_waits_until_it_would_survive_to_the_turn_and_the_turn_can_overta
     assert len(ready(w, 40_000, {"i0": True}, {"i0": 0}, life=float("inf"))) == 1
 
 
-def test_turnover_is_the_pool_over_the_rate_blocks_are_stored() -> None:
+def test_turnover_is_the_pool_over_the_rate_blocks_are_sent() -> None:
     t = Turnover(window_ms=10_000)
     assert t.survive_ms(96) is None
     t.sample(0, 0)
     t.sample(1_000, 48)  # 48 blocks a second
     assert t.survive_ms(96) == 2_000 and t.survive_ms(None) is None
     for s in range(2, 30):
-        t.sample(s * 1_000, 48)  # then nothing stored: the old rate ages out of the window
+        t.sample(s * 1_000, 48)  # then nothing sent: the old rate ages out of the window
     assert t.survive_ms(96) == float("inf")
+
+
+def test_the_chance_a_turn_comes_within_a_warms_life_is_read_off_the_gaps() -> None:
+    g = Gaps(maxlen=4, min_gaps=4, min_alive=2)
+    for gap in (1_000, 2_000, 3_000, 10_000):
+        assert not g.known
+        g.add(gap)
+    assert g.known
+    assert g.chance(0, 1_500) == 1 / 4  # of 4 turns to come, one within 1.5 s
+    assert g.chance(1_500, 2_000) == 2 / 3  # 1.5 s passed: 3 to come, 2 of them by 3.5 s
+    assert g.chance(5_000, 5_000) == 0.0  # one gap seen was longer: that says nothing
+    assert g.first_time(0, 2_000, 0.6) == 1_000  # from 1 s on, 2 of the 3 left fall within 2 s
+    assert g.first_time(0, 500, 0.9) is None
+    g.add(4_000)  # the oldest (1 s) leaves the window
+    assert g.chance(0, 1_500) == 0.0
+
+
+def test_a_warm_goes_when_its_turn_is_likely_within_its_life_and_not_at_all_when_never() -> None:
+    w = EngineWarmer(block_size=32, min_precision=0.6, gaps=Gaps(min_gaps=4, min_alive=2))
+    for gap in (1_000, 2_000, 3_000, 10_000):
+        w.gaps.add(gap)
+    w.routed("c1", "i0", "m", IDS, KEYS, now_ms=50_000)
+    w.on_command("c1", now_ms=50_000)
+    assert ready(w, 50_000, {"i0": True}, {"i0": 0}, life=2_000) == []  # 1/4 now: wait
+    assert w.counts.deferred == 1
+    [warm] = ready(w, 51_000, {"i0": True}, {"i0": 0}, life=2_000)  # 2 of the 3 to come: go
+    assert warm.chance == 2 / 3
+    w.judge("c1", "i0", still_held=True, now_ms=52_500)
+    assert w.counts.as_dict()["predicted_precision"] == 2 / 3
+    w.routed("c1", "i0", "m", IDS, KEYS, now_ms=61_234)  # gaps now 1, 2, 3, 10, 11.2 s
+    w.on_command("c1", now_ms=61_234)
+    assert ready(w, 61_234, {"i0": True}, {"i0": 0}, life=300) == []  # lives too short for any gap
+    assert w.counts.unlikely == 1 and w.armed() == 0
 
 
 def test_a_warm_is_used_when_the_next_turn_finds_it_and_wasted_otherwise() -> None:
