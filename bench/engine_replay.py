@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import random
@@ -79,6 +80,7 @@ class Request:
     output: int
     tail_seed: int
     at_ms: int = 0  # its arrival in the trace
+    salt: int = 0  # other token content, same shape: rows that share the tier node share no blocks
 
     @property
     def conversation(self) -> str:
@@ -87,7 +89,7 @@ class Request:
     def tokens(self) -> list[int]:
         out: list[int] = []
         for h in self.hash_ids:
-            rng = random.Random(h * 1_000_003 + 17)
+            rng = random.Random(h * 1_000_003 + 17 + self.salt * 7_919_000_003)
             out.extend(rng.randrange(*VOCAB) for _ in range(BLOCK_SIZE))
         rng = random.Random(self.tail_seed)
         return out + [rng.randrange(*VOCAB) for _ in range(TAIL)]
@@ -513,18 +515,18 @@ def main(
                         results["routed"] = routed_row(
                             "routed", pair, reqs, common, node, logs, progress, speedup
                         )
-            for row, warm in (
-                ("routed_tiers", False),
-                ("routed_tiers_warmup", True),
-                ("routed_tiers_warmup_kill", True),
+            for salt, (row, warm) in enumerate(
+                (("routed_tiers", False), ("routed_tiers_warmup", True), ("routed_tiers_warmup_kill", True))
             ):
                 if row not in chosen:
                     continue
+                # The node keeps what the row before stored (L2, L3): each row its own token content.
+                salted = [dataclasses.replace(r, salt=salt) for r in reqs]
                 config = connector_config(node.url, model=SMALL.name)
                 pair = engine_pair(kv_blocks=kv_blocks, connector=config)
                 with _all(pair):
                     results[row] = routed_row(
-                        row, pair, reqs, common, node, logs, progress, speedup, warmup=warm,
+                        row, pair, salted, common, node, logs, progress, speedup, warmup=warm,
                         kill_halfway=row.endswith("_kill"), warm_min_precision=warm_min_precision,
                     )  # fmt: skip
         finally:

@@ -127,11 +127,13 @@ class Turnover:
         return (n1 - n0) / (t1 - t0) if t1 > t0 else None
 
     def survive_ms(self, pool_blocks: int | None) -> float | None:
-        """None while unknown (no pool size or too few samples); infinite when nothing is stored."""
+        """None while unknown (no pool size or too few samples). With nothing sent over the window, at
+        least the window: a lull says nothing of how long it lasts, and traffic that resumes evicts."""
         rate = self.rate_per_ms()
         if pool_blocks is None or rate is None:
             return None
-        return pool_blocks / rate if rate > 0 else float("inf")
+        span = self._samples[-1][0] - self._samples[0][0]
+        return pool_blocks / rate if rate > 0 else float(max(span, 1))
 
 
 @dataclass
