@@ -91,8 +91,8 @@ class TierNode:
             "CACHEMESH_TIERS_BLOCK_PORT": "0",
             "CACHEMESH_TIERS_METRICS_PORT": "0",
             "CACHEMESH_TIERS_EMBEDDER_PRELOAD": "false",
-            # room for every prefix of the run in L2 (256 KB a block)
-            "CACHEMESH_TIERS_L2_PAGES": "16384",
+            # room for every prefix of the run in L2: 1 GB, 2,048 blocks of 512 KB (float32)
+            "CACHEMESH_TIERS_L2_PAGES": "65536",
             "CACHEMESH_TIERS_MAX_REQUEST_BYTES": str(32 << 20),
         }
         self.proc: ServerProcess | None = None
