@@ -178,7 +178,9 @@ def ttft_ms(url: str, model: str, tokens: list[int], output: int, headers: dict[
         for line in lines:
             if line.startswith("data: ") and line != "data: [DONE]":
                 chunk = json.loads(line[6:])
-                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                # The first chunk carrying a choice is the first token, even one whose text is empty
+                # (a random-weight model can pick a token that decodes to nothing on its own).
+                if chunk.get("choices"):
                     first = time.perf_counter()
                     for _ in lines:  # the rest of the answer, so the engine is free for the next
                         pass
