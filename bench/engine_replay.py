@@ -588,9 +588,12 @@ def main(
             f"seed FTL model (§2.1) over the rows: FTL = {ftl['base_ms']:.0f} + m x "
             f"{ftl['delta_ms']:.0f} ms, R² {ftl['r2']:.2f}, leave-one-out error up to "
             f"{100 * (ftl['loo_max_error'] or 0):.0f}%; the KV "
-            f"capacity predicts m = {ftl['m_kv_heads']:.2f} counting KV heads, {ftl['m_seed']:.2f} as the "
-            f"seed writes it, against {ftl['m_measured_rr_prefix']:.2f} measured (round_robin_prefix)"
+            f"capacity predicts m = {_num(ftl['m_kv_heads'])} counting KV heads, {_num(ftl['m_seed'])} as "
+            f"the seed writes it, against {_num(ftl['m_measured_rr_prefix'])} measured (round_robin_prefix)"
         )
+    for name, r in results.items():
+        if r.get("failed_requests"):
+            console.print(f"{name}: {r['failed_requests']} failed requests: {r.get('failures')}")
     RESULTS.mkdir(exist_ok=True)
     out = {
         "trace": str(path),
@@ -610,6 +613,10 @@ def main(
     (RESULTS / "engine_replay.json").write_text(json.dumps(out, indent=2) + "\n")
     plot(results, RESULTS / "engine_replay.png")
     console.print(f"wrote {RESULTS / 'engine_replay.json'} and engine_replay.png")
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def ftl_fit(results: dict[str, dict[str, Any]], reqs: list[Request], kv_blocks: int) -> dict[str, Any]:

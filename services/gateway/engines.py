@@ -24,6 +24,7 @@ from schemas.events import Event, KvBlockRemoved, KvBlockStored
 from services.gateway.routing import DEFAULT_WEIGHTS, Choice, Instance, Weights, choose
 from services.gateway.upstream import Upstream
 from services.gateway.warming import EngineWarmer, Turnover, Warm
+from services.warmup.ftl import FtlFit
 
 log = logging.getLogger(__name__)
 
@@ -90,9 +91,16 @@ class Engine:
     metrics_url: str
     pool_blocks: int | None = None  # its KV pool (vllm:cache_config_info), once its /metrics said
     turnover: Turnover = field(default_factory=Turnover)
+    # The seed's FTL = base + m * delta, fit to the first-token times measured here (recent ones weigh
+    # more: a restart or another load changes them).
+    ftl: FtlFit = field(default_factory=lambda: FtlFit(forget=0.99))
 
     def survive_ms(self) -> float | None:
         return self.turnover.survive_ms(self.pool_blocks)
+
+    def ftl_params(self) -> tuple[float, float] | None:
+        """(base_ms, delta_ms) once about 5 answers with different miss rates were timed."""
+        return self.ftl.params() if self.ftl.fitted and self.ftl.n >= 4.5 else None
 
 
 @dataclass
@@ -102,6 +110,7 @@ class Route:
     keys: list[str] = field(default_factory=list)
     ids: list[int] = field(default_factory=list)
     decision: dict[str, Any] | None = None  # its row in Engines.decisions
+    follow: tuple[str, str] | None = None  # (conversation, model) whose blocks go out once it answered
 
     @property
     def compute_blocks(self) -> float:
@@ -269,6 +278,7 @@ class Engines:
             idle=idle,
             held=lambda keys, name: self.by_name(name).state.prefix(keys),
             survive_ms=lambda name: self.by_name(name).survive_ms(),
+            ftl=lambda name: self.by_name(name).ftl_params(),
         )
 
     async def send_warm(self, warm: Warm, timeout_s: float = 60.0) -> bool:
@@ -277,6 +287,7 @@ class Engines:
         route = Route(engine, None, list(warm.keys), list(warm.ids))
         body = {"model": warm.model, "prompt": list(warm.ids), "max_tokens": 1, "temperature": 0}
         route.started()
+        started = time.perf_counter()
         try:
             response = await engine.upstream.http.post(
                 "/completions", json=body, headers=engine.upstream.headers({}), timeout=timeout_s
@@ -286,7 +297,9 @@ class Engines:
             ok = False
         finally:
             route.ended()
-        if ok:
+        if ok:  # one token: its time is the prefill's
+            with contextlib.suppress(ValueError, AttributeError):
+                self.timed(route, (time.perf_counter() - started) * 1000, _cached_tokens(response.json()))
             WARMS.labels(engine.name, "sent").inc()
         else:
             self.warmer.failed(warm)
@@ -301,16 +314,28 @@ class Engines:
         return 0
 
     @staticmethod
-    def realised(route: Route, answer: Mapping[str, Any], block_size: int) -> None:
-        """What the engine says it had cached, beside what was predicted (vLLM with
-        --enable-prompt-tokens-details reports it)."""
-        usage = answer.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        cached = details.get("cached_tokens")
-        if route.choice is not None and isinstance(cached, int):
+    def realised(route: Route, answer: Mapping[str, Any], block_size: int) -> int | None:
+        """What the engine says it had cached (tokens), beside what was predicted (vLLM with
+        --enable-prompt-tokens-details reports it); None where it did not say."""
+        cached = _cached_tokens(answer)
+        if route.choice is not None and cached is not None:
             REALISED.observe(cached // block_size)
-        if route.decision is not None and isinstance(cached, int):
+        if route.decision is not None and cached is not None:
             route.decision["realised_blocks"] = cached // block_size
+        return cached
+
+    def timed(self, route: Route, ttft_ms: float, cached_tokens: int | None) -> float | None:
+        """A first-token time measured on `route`'s instance, for its FTL fit: m is the share of the
+        prompt it computed (what it reported cached, else what was predicted). The m used, or None
+        where the prompt's tokens are unknown."""
+        if not route.ids or ttft_ms < 0:
+            return None
+        if cached_tokens is not None:
+            m = 1.0 - min(cached_tokens, len(route.ids)) / len(route.ids)
+        else:
+            m = min(1.0, route.compute_blocks / max(1, len(route.keys)))
+        route.engine.ftl.observe(m, ttft_ms)
+        return m
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -325,6 +350,7 @@ class Engines:
                     "blocks": len(e.state.blocks),
                     "pool_blocks": e.pool_blocks,
                     "survive_ms": _finite(e.survive_ms()),
+                    "ftl_ms": _ftl(e.ftl_params()),
                     "calls": e.upstream.calls,
                 }
                 for e in self.engines
@@ -350,6 +376,17 @@ def _pool_blocks(text: str) -> int | None:
     """The engine's KV pool in blocks, from vllm:cache_config_info's labels."""
     match = _POOL.search(text)
     return int(match.group(1)) if match else None
+
+
+def _cached_tokens(answer: Any) -> int | None:
+    usage = answer.get("usage") if isinstance(answer, Mapping) else None
+    details = usage.get("prompt_tokens_details") if isinstance(usage, Mapping) else None
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
+    return cached if isinstance(cached, int) and cached >= 0 else None
+
+
+def _ftl(params: tuple[float, float] | None) -> dict[str, float] | None:
+    return None if params is None else {"base": round(params[0], 1), "delta": round(params[1], 1)}
 
 
 def _finite(ms: float | None) -> float | None:

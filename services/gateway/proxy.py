@@ -252,8 +252,8 @@ class Proxy:
                 raise UpstreamUnavailable(
                     502, "no upstream could take the request", code="no_upstream"
                 ) from None
-            if not tried and conversation is not None and chosen.keys and self.settings.routing_warm:
-                self._emit_blocks(conversation, req.model, chosen)
+            if conversation is not None and chosen.keys and self.settings.routing_warm:
+                chosen.follow = (conversation, req.model)  # its blocks go out once it answered
             out["x-cachemesh-instance"] = chosen.engine.name
             if chosen.choice is not None:
                 out["x-cachemesh-route"] = chosen.choice.reason
@@ -283,10 +283,12 @@ class Proxy:
     ) -> Response:
         upstream = chosen.engine.upstream
         chosen.started()
+        started = time.perf_counter()
         try:
             response = await upstream.request("POST", path, upstream.headers(incoming), raw)
         finally:
             chosen.ended()
+        took_ms = (time.perf_counter() - started) * 1000
         if response.status_code >= 400:
             self._count("upstream_errors")
             return _relayed(response, out)
@@ -297,7 +299,10 @@ class Proxy:
             except ValueError:
                 answer = None
         if isinstance(answer, dict):
-            self.engines.realised(chosen, answer, self.engines.block_size)
+            cached = self.engines.realised(chosen, answer, self.engines.block_size)
+            # Whole answers: the time is the first token's only when it was the one token.
+            one = int((answer.get("usage") or {}).get("completion_tokens") or 2) <= 1
+            self._answered(chosen, took_ms if one else None, cached)
             if entry is not None and self.policy.storable(answer):
                 self._store_later(entry, answer)
         return _relayed(response, out)
@@ -333,10 +338,15 @@ class Proxy:
         """The upstream's bytes as they come; parsed on the side, and the whole answer stored once the
         stream ended with [DONE] (a stream cut short is relayed but never stored)."""
         parser, chunks, size, done, failed = SseParser(self.settings.max_answer_bytes), [], 0, False, False
+        started, first_ms, usage = time.perf_counter(), None, None
         try:
             async for piece in response.aiter_raw():
+                if first_ms is None:
+                    first_ms = (time.perf_counter() - started) * 1000
                 yield piece
                 if entry is None:
+                    if chosen.ids and b'"usage"' in piece:  # only its usage is wanted, for the FTL fit
+                        usage = _usage_in(piece) or usage
                     continue
                 size += len(piece)
                 for data in parser.feed(piece):
@@ -359,10 +369,14 @@ class Proxy:
             chosen.ended()
             # A caller that went away is no fault of the upstream's.
             chosen.engine.upstream.stream_done(not failed)
-        if entry is not None and done and not failed:
-            answer = assemble(chunks)
-            if answer is not None and self.policy.storable(answer):
-                self._store_later(entry, answer)
+        answer = assemble(chunks) if entry is not None and done and not failed else None
+        if answer is not None:
+            usage = answer.get("usage") or usage
+        if first_ms is not None and not failed:
+            cached = self.engines.realised(chosen, {"usage": usage} if usage else {}, self.engines.block_size)
+            self._answered(chosen, first_ms, cached)
+        if entry is not None and answer is not None and self.policy.storable(answer):
+            self._store_later(entry, answer)
 
     def _store_later(self, entry: Entry, answer: dict[str, Any]) -> None:
         if len(self._stores) >= self.settings.max_pending_stores:
@@ -404,11 +418,31 @@ class Proxy:
             self._emit(ConversationStarted(trace_id=conversation_id, model=model))
         return conversation_id
 
-    def _emit_blocks(self, conversation: str, model: str, chosen: EngineRoute) -> None:
-        """The prompt's KV blocks as read by this conversation, for the warmup service to follow (a hit:
-        the instance or the tiers were predicted to have it)."""
-        have = chosen.choice.predicted_blocks if chosen.choice is not None else 0
+    def _answered(self, chosen: EngineRoute, ttft_ms: float | None, cached_tokens: int | None) -> None:
+        """An instance answered: its first-token time (None: not known) goes to its FTL fit, and the
+        prompt's blocks out to the warmup service when the conversation is followed."""
+        if ttft_ms is not None:
+            self.engines.timed(chosen, ttft_ms, cached_tokens)
+        if chosen.follow is not None:
+            conversation, model = chosen.follow
+            self._emit_blocks(conversation, model, chosen, ttft_ms, cached_tokens)
+
+    def _emit_blocks(
+        self,
+        conversation: str,
+        model: str,
+        chosen: EngineRoute,
+        ttft_ms: float | None = None,
+        cached_tokens: int | None = None,
+    ) -> None:
+        """The prompt's KV blocks as read by this conversation, for the warmup service to follow: a hit
+        where the engine said it had them cached (else where the instance or the tiers were predicted
+        to), each with the request's first-token time when it was measured (0: not known)."""
         size = self.engines.block_size
+        if cached_tokens is not None:
+            have = cached_tokens // size
+        else:
+            have = chosen.choice.predicted_blocks if chosen.choice is not None else 0
         keys = chosen.keys[-MAX_ACCESS_BATCH:]
         first = len(chosen.keys) - len(keys)
         now = int(time.time() * 1000)
@@ -418,6 +452,7 @@ class Proxy:
                     CacheAccessed(
                         key=key, hit=first + i < have, kind="kv_block", model=self.engines.model or model,
                         token_count=size, trace_id=conversation, occurred_at_ms=now,
+                        latency_ms=round(ttft_ms or 0.0, 3),
                     )
                     for i, key in enumerate(keys)
                 ]
@@ -498,6 +533,20 @@ class Proxy:
         except httpx.HTTPError as exc:
             return problem(503, f"the tier node is unreachable: {exc!r}", kind="cache_error")
         return JSONResponse(out)
+
+
+def _usage_in(piece: bytes) -> dict[str, Any] | None:
+    """The usage a stream's piece carries in one of its whole `data:` lines, if any (best effort: a line
+    cut between two pieces is not read)."""
+    for line in piece.split(b"\n"):
+        if line.startswith(b"data: {") and b'"usage"' in line:
+            try:
+                usage = json.loads(line[6:]).get("usage")
+            except ValueError:
+                continue
+            if isinstance(usage, dict):
+                return usage
+    return None
 
 
 def _check_conversation(value: str) -> str:

@@ -13,7 +13,9 @@ computed there since (vLLM evicts the least recently used free block), so at the
 prompt blocks to the instance a warm lives `life = pool / rate`. A warm is used only if the turn comes
 within that life. The gateway sees every turn of the conversations it routes, so it knows the gaps
 between turns; at `elapsed` ms after a conversation's last request, the chance its turn falls within
-the warm's life is `P(elapsed < gap <= elapsed + life) / P(gap > elapsed)` over those gaps (`Gaps`). A
+the warm's life is `P(elapsed + prefill < gap <= elapsed + life) / P(gap > elapsed)` over those gaps
+(`Gaps`), where `prefill` is how long the warm itself takes: the seed's FTL = base + m * delta, fit per
+instance to the first-token times the gateway measured there (m: the share of a prompt computed). A
 command is answered when that chance reaches `min_precision`, at the earliest moment it does, and
 dropped (`unlikely`) when it never does: with gaps much longer than a warm lives (a pool too small for
 the traffic) no timing makes warms pay, and none is sent. Until `Gaps` knows 20 gaps, the turn time
@@ -25,7 +27,7 @@ arriving first cancels the warm (`overtaken`).
 Each warm has an outcome, decided by the conversation's next request: `used` when it was routed to the
 warmed instance and found the warmed prompt still there (its last full block held), `wasted` when it went
 elsewhere or the blocks were evicted first. What warming costs is the prefill: the tokens the instance
-did not hold when it was warmed.
+did not hold when it was warmed; what it saves, the same fit's m * delta for each used warm.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ class Warm:
     held_blocks: int  # of `keys`, what the instance held when the warm was decided
     sent_at_ms: int = 0
     chance: float | None = None  # that the turn comes within the warm's life, when the gaps said
+    prefill_ms: float | None = None  # how long it takes, by the instance's FTL fit (None: not fitted)
+    saves_ms: float | None = None  # the first-token time it saves the turn if used (same fit)
 
 
 @dataclass(slots=True)
@@ -90,21 +94,28 @@ class Gaps:
     def known(self) -> bool:
         return len(self._sorted) >= self.min_gaps
 
-    def chance(self, elapsed_ms: float, life_ms: float) -> float:
-        """P(turn within `life_ms` | none for `elapsed_ms`); 0 where too few gaps were longer."""
+    def chance(self, elapsed_ms: float, life_ms: float, after_ms: float = 0.0) -> float:
+        """P(turn between `after_ms` and `life_ms` from now | none for `elapsed_ms`): a warm that takes
+        `after_ms` to prefill is of use to a turn that comes once it is done and before it is evicted.
+        0 where too few gaps were longer."""
         g = self._sorted
         alive = len(g) - bisect.bisect_right(g, elapsed_ms)
-        if alive < max(1, self.min_alive):
+        if alive < max(1, self.min_alive) or after_ms >= life_ms:
             return 0.0
-        return (bisect.bisect_right(g, elapsed_ms + life_ms) - (len(g) - alive)) / alive
+        inside = bisect.bisect_right(g, elapsed_ms + life_ms) - bisect.bisect_right(g, elapsed_ms + after_ms)
+        return inside / alive
 
-    def first_time(self, elapsed_ms: float, life_ms: float, floor: float) -> float | None:
+    def first_time(
+        self, elapsed_ms: float, life_ms: float, floor: float, after_ms: float = 0.0
+    ) -> float | None:
         """The earliest elapsed time from `elapsed_ms` on at which `chance` reaches `floor`, or None.
         The chance only changes where a gap starts or ends the window, so only those are tried."""
-        if self.chance(elapsed_ms, life_ms) >= floor:
+        if self.chance(elapsed_ms, life_ms, after_ms) >= floor:
             return elapsed_ms
-        candidates = sorted({t for g in self._sorted for t in (g, g - life_ms) if t > elapsed_ms})
-        return next((t for t in candidates if self.chance(t, life_ms) >= floor), None)
+        candidates = sorted(
+            {t for g in self._sorted for t in (g, g - life_ms, g - after_ms) if t > elapsed_ms}
+        )
+        return next((t for t in candidates if self.chance(t, life_ms, after_ms) >= floor), None)
 
 
 class Turnover:
@@ -154,6 +165,7 @@ class WarmCounts:
     lead_ms_total: float = 0.0  # from each judged warm to its turn
     chance_total: float = 0.0  # the chances predicted for the judged warms (against `used`)
     chance_judged: int = 0
+    ttft_saved_ms: float = 0.0  # first-token time the used warms saved their turns (by the FTL fit)
 
     def precision(self) -> float | None:
         judged = self.used + self.wasted
@@ -178,6 +190,7 @@ class WarmCounts:
             "lead_ms_mean": self.lead_ms_total / judged if judged else None,
             "precision": self.precision(),
             "predicted_precision": self.chance_total / self.chance_judged if self.chance_judged else None,
+            "ttft_saved_ms": round(self.ttft_saved_ms, 1),
         }
 
 
@@ -220,6 +233,7 @@ class EngineWarmer:
             self.counts.chance_judged += 1
         if warm.instance == instance and still_held:
             self.counts.used += 1
+            self.counts.ttft_saved_ms += warm.saves_ms or 0.0
             return "used"
         self.counts.wasted += 1
         if warm.instance == instance:
@@ -256,10 +270,15 @@ class EngineWarmer:
         idle: Mapping[str, bool],
         held: Callable[[tuple[str, ...], str], int],
         survive_ms: Callable[[str], float | None],
+        ftl: Callable[[str], tuple[float, float] | None] = lambda instance: None,
     ) -> list[Warm]:
         """The prefills to send now. `idle`: which instances have nothing in flight or queued;
         `held(keys, instance)`: how many leading blocks of `keys` the instance holds; `survive_ms`: how
-        long a warm lasts in the instance (Turnover), None while unknown."""
+        long a warm lasts in the instance (Turnover), None while unknown; `ftl`: the instance's
+        first-token latency as (base_ms, delta_ms) of the seed's FTL = base + m * delta, fit to what it
+        answered (m: the share of the prompt it computes), None until fitted. A warm takes
+        base + m * delta to prefill, so the turn must come after that to find it done, and saves the
+        turn m * delta."""
         out: list[Warm] = []
         for conversation, armed in list(self._armed.items()):
             if armed.next_at_ms > now_ms:
@@ -275,12 +294,15 @@ class EngineWarmer:
                 self.counts.already_held += 1
                 continue
             life = survive_ms(prompt.instance)
+            fit = ftl(prompt.instance)
+            missing = (len(prompt.keys) - have) / len(prompt.keys)
+            prefill = fit[0] + missing * fit[1] if fit is not None else 0.0
             chance = None
             if life is not None and life != float("inf") and self.gaps.known:
                 elapsed = now_ms - prompt.at_ms
-                chance = self.gaps.chance(elapsed, life)
+                chance = self.gaps.chance(elapsed, life, prefill)
                 if chance < self.min_precision:
-                    later = self.gaps.first_time(elapsed, life, self.min_precision)
+                    later = self.gaps.first_time(elapsed, life, self.min_precision, prefill)
                     if later is None:
                         del self._armed[conversation]
                         self.counts.unlikely += 1
@@ -292,7 +314,7 @@ class EngineWarmer:
                         self.counts.deferred += 1
                     continue
             elif armed.due_ms is not None and life is not None and life != float("inf"):
-                start = int(armed.due_ms - self.survive_fraction * life)
+                start = int(armed.due_ms - max(self.survive_fraction * life, prefill))
                 armed.give_up_ms = armed.due_ms + int(self.survive_fraction * life)
                 if now_ms < start:
                     armed.next_at_ms = start
@@ -309,8 +331,10 @@ class EngineWarmer:
                 continue
             del self._armed[conversation]
             warm = Warm(
-                conversation, prompt.instance, prompt.model, prompt.ids, prompt.keys, have, now_ms, chance
-            )
+                conversation, prompt.instance, prompt.model, prompt.ids, prompt.keys, have, now_ms, chance,
+                prefill_ms=prefill if fit is not None else None,
+                saves_ms=missing * fit[1] if fit is not None else None,
+            )  # fmt: skip
             self._pending.pop(conversation, None)
             self._pending[conversation] = warm
             while len(self._pending) > self.max_conversations:

@@ -200,7 +200,7 @@ class WarmupPlanner:
             self.dependency.observe(e.latency_ms)
         if e.trace_id is not None and e.kind == "kv_block":
             self.conversations.touch(e.trace_id, e.key, e.node_id, e.occurred_at_ms)
-        if e.model is not None:
+        if e.model is not None and e.latency_ms > 0:  # 0: the time was not measured
             self._observe_ftl(e.model, e.hit, e.latency_ms)
 
     def _observe_ftl(self, model: str, hit: bool, latency_ms: float) -> None:

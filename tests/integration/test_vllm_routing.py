@@ -178,6 +178,7 @@ async def test_warmup_prefills_a_conversation_on_its_instance_before_its_next_tu
             assert headers["x-cachemesh-instance"] == where.name
             assert warms.used == 1 and warms.wasted == 0 and warms.prefill_tokens >= len(keys) * BLOCK_SIZE
             assert gateway.stats()["routing"]["warms"]["precision"] == 1.0
+            assert where.ftl.n >= 1  # the prefill was timed: one token, its time is the prefill's
 
 
 async def test_routing_by_prefix_conversation_and_failover(
@@ -264,6 +265,9 @@ async def test_routing_by_prefix_conversation_and_failover(
         )  # fmt: skip
         pieces = [c async for c in completion]
         assert pieces[-1].usage is not None and pieces[-1].usage.completion_tokens == 4
+        # Each stream's first-token time went to its instance's FTL fit, with the share it computed.
+        timed = [e.ftl for e in gateway.engines.engines]
+        assert sum(f.n for f in timed) >= 1.9 and all(0 <= f.sum_m <= f.n for f in timed)
 
         # 5. The instance holding the prefix dies mid-stream: that stream may break off, the next
         #    requests (the same prefix too) go to the other, and none fails.

@@ -4,11 +4,12 @@ OpenAI's shape; in-flight counts go back to zero either way; each answer names i
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 
-from schemas.events import Event
+from schemas.events import CacheAccessBatch, Event
 from services.gateway.api import create_app
 from services.gateway.breaker import FailureBreaker
 from services.gateway.engines import Engine, Engines
@@ -83,3 +84,51 @@ async def test_with_every_instance_unreachable_the_answer_is_a_502() -> None:
     assert response.status_code == 502 and response.json()["error"]["type"] == "upstream_error"
     assert [e.upstream.calls for e in engines.engines] == [1, 1]
     assert [(e.state.in_flight, e.state.pending_blocks) for e in engines.engines] == [(0, 0.0), (0, 0.0)]
+
+
+async def test_a_streamed_answer_times_its_first_token_and_sends_its_blocks_with_it() -> None:
+    """The first piece's time and the usage's cached tokens go to the instance's FTL fit, and the
+    conversation's blocks go out once it answered: a hit where the engine said it had them cached."""
+    usage = {"prompt_tokens": 70, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 32}}
+    chunks = [
+        {"id": "s", "object": "text_completion", "choices": [{"index": 0, "text": "a"}]},
+        {"id": "s", "object": "text_completion", "choices": [], "usage": usage},
+    ]
+    sse = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+
+    class Pieces(httpx.AsyncByteStream):
+        async def __aiter__(self) -> Any:
+            for piece in sse.split("\n\n")[:-1]:
+                yield (piece + "\n\n").encode()
+
+    async def streams(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, stream=Pieces(), headers={"content-type": "text/event-stream"})
+
+    events: list[Event] = []
+
+    async def publish(event: Event, wait: bool) -> None:
+        events.append(event)
+
+    engines = Engines([engine("a", streams), engine("b", streams)], tokens=None, model="m", block_size=32)
+    engines.tokens = type("Ids", (), {"of": staticmethod(lambda body: body["prompt"])})()
+    settings = GatewaySettings(kafka={"bootstrap": "unused:1"})  # type: ignore[arg-type]
+    cache = TierCache(
+        httpx.AsyncClient(transport=httpx.MockTransport(miss), base_url="http://tiers"),
+        FailureBreaker(consecutive=5, window=10, min_calls=10, failure_ratio=1.0, clock=lambda: 0),
+        lookup_timeout_s=5,
+        store_timeout_s=5,
+    )
+    proxy = Proxy(settings, cache, engines, publish, clock_ms=lambda: 0)
+    app = create_app(proxy, settings, lambda: {})
+    body = {"model": "m", "prompt": list(range(100, 170)), "stream": True, "temperature": 0.5}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://gw") as client:
+        response = await client.post(
+            "/v1/completions", json=body, headers={"x-cachemesh-conversation-id": "c1"}
+        )
+        assert response.status_code == 200 and "[DONE]" in response.text
+    await proxy.drain()
+    chosen = engines.by_name(response.headers["x-cachemesh-instance"])
+    assert chosen.ftl.n == 1 and chosen.ftl.sum_m == 1 - 32 / 70
+    [batch] = [e for e in events if isinstance(e, CacheAccessBatch)]
+    assert [a.hit for a in batch.events] == [True, False]  # 32 tokens cached: the first block
+    assert all(a.latency_ms > 0 and a.trace_id == "c1" for a in batch.events)

@@ -185,3 +185,67 @@ async def test_engines_follow_the_conversation_send_the_prefill_and_judge_it() -
     await engines.route({"prompt": [*IDS, 1, 2, 3]}, "m", "c1", set())
     assert engines.warmer.counts.used == 1
     assert engines.stats()["warms"]["precision"] == 1.0
+
+
+def test_a_warm_is_of_use_only_to_a_turn_that_comes_once_its_prefill_is_done() -> None:
+    g = Gaps(maxlen=4, min_gaps=4, min_alive=2)
+    for gap in (1_000, 2_000, 3_000, 10_000):
+        g.add(gap)
+    assert g.chance(0, 2_500) == 2 / 4
+    assert g.chance(0, 2_500, after_ms=1_500) == 1 / 4  # the 1 s turn comes while it prefills
+    assert g.chance(0, 1_000, after_ms=1_000) == 0.0  # a prefill as long as the life: never of use
+    assert g.first_time(0, 2_500, 0.6, after_ms=500) == 1_000  # then 2 of the 3 left in (1.5, 3.5] s
+
+
+def test_the_instances_ftl_fit_times_a_warm_and_prices_what_a_used_one_saved() -> None:
+    w = EngineWarmer(block_size=32, min_precision=0.6, gaps=Gaps(min_gaps=4, min_alive=2))
+    for gap in (1_000, 2_000, 3_000, 10_000):
+        w.gaps.add(gap)
+    w.routed("c1", "i0", "m", IDS, KEYS, now_ms=0)
+    w.on_command("c1", now_ms=0)
+    fit = {"i0": (100.0, 800.0)}  # FTL = 100 + m * 800 ms; the warm computes half (m = 0.5): 500 ms
+    go = w.ready(0, idle={"i0": True}, held=held_of({"i0": 1}), survive_ms=lambda n: 2_000, ftl=fit.get)
+    assert go == [] and w.counts.deferred == 1  # within 2 s, 1 s comes before it is done: wait
+    assert (
+        w.ready(999, idle={"i0": True}, held=held_of({"i0": 1}), survive_ms=lambda n: 2_000, ftl=fit.get)
+        == []
+    )
+    [warm] = w.ready(
+        1_000, idle={"i0": True}, held=held_of({"i0": 1}), survive_ms=lambda n: 2_000, ftl=fit.get
+    )
+    assert warm.prefill_ms == 500.0 and warm.saves_ms == 400.0
+    w.judge("c1", "i0", still_held=True, now_ms=2_000)
+    assert w.counts.as_dict()["ttft_saved_ms"] == 400.0
+    # Without a turn time or gaps known, the command's turn time: no later than the prefill before it.
+    w2 = EngineWarmer(block_size=32, survive_fraction=0.01)
+    w2.routed("c2", "i0", "m", IDS, KEYS)
+    w2.on_command("c2", now_ms=0, due_ms=10_000)
+    assert w2.ready(9_000, idle={"i0": True}, held=held_of({}), survive_ms=lambda n: 4_000, ftl=fit.get) == []
+    assert (
+        len(w2.ready(9_100, idle={"i0": True}, held=held_of({}), survive_ms=lambda n: 4_000, ftl=fit.get))
+        == 1
+    )
+
+
+async def test_first_token_times_fit_each_instances_ftl_from_what_it_reported_cached() -> None:
+    async def completes(request: httpx.Request) -> httpx.Response:
+        usage = {"prompt_tokens": 70, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 32}}
+        return httpx.Response(200, json={"choices": [{"text": "x"}], "usage": usage})
+
+    engines = Engines(
+        [engine("i0", completes), engine("i1", completes)], tokens=None, model="m", block_size=32
+    )
+    engines.tokens = type("Ids", (), {"of": staticmethod(lambda body: body["prompt"])})()
+    route = await engines.route({"prompt": IDS}, "m", "c1", set())
+    assert route.engine.ftl_params() is None
+    for cached, ms in ((0, 900.0), (32, 500.0), (64, 140.0), (0, 900.0), (64, 140.0)):
+        assert engines.timed(route, ms, cached) == 1 - cached / 70
+    base, delta = route.engine.ftl_params() or (0.0, 0.0)
+    assert abs(base + delta - 900) < 25 and abs(base + (6 / 70) * delta - 140) < 25
+    assert engines.timed(route, 300.0, None) == 1.0  # nothing predicted held: all of it computed
+    assert engines.stats()["instances"][[e.name for e in engines.engines].index(route.engine.name)]["ftl_ms"]
+    # A warm is timed too: one token, so its time is its prefill's.
+    n = route.engine.ftl.n
+    [warm] = engines.warm_for("c1")
+    assert await engines.send_warm(warm)
+    assert route.engine.ftl.n > n * 0.99 + 0.5
