@@ -162,7 +162,7 @@ async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
 @app.command()
 def demo(
     seconds: Annotated[float, typer.Option(help="How long the traffic runs")] = 30.0,
-    trace_s: Annotated[float, typer.Option(help="Mooncake trace time replayed in that span")] = 300.0,
+    trace_s: Annotated[float, typer.Option(help="Mooncake trace time replayed in that span")] = 600.0,
     pairs: Annotated[int, typer.Option(help="Q&A paraphrase pairs put and asked (at most)")] = 300,
 ) -> None:
     """Drive realistic traffic through the running mesh (Mooncake KV events, semantic Q&A); print the

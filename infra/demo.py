@@ -2,7 +2,10 @@
 
 Two streams at once, for `seconds`: the Mooncake trace (shared data, read in place) replayed as KV and
 access events into Kafka, its first `trace_s` of trace time compressed to the run so event time follows
-the wall clock; and a semantic Q&A stream through the tiers API (GPTCache paraphrase pairs: put an answer
+the wall clock, on the running tier node (its node id) and with the blocks it names stored there as an
+engine would store them (`POST /v1/blocks/put`, small stand-in values, the first time a block is
+computed), so warmup's commands find them and load what the node's L2 let go; and a semantic Q&A
+stream through the tiers API (GPTCache paraphrase pairs: put an answer
 under one wording, ask with the other, ask new questions that miss, rewrite the documents answers cite).
 Ends with a summary of what the tier nodes and the dashboard saw.
 """
@@ -13,15 +16,20 @@ import asyncio
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import numpy as np
+from cachemesh_client.blockframe import MEDIA_TYPE, FetchedBlock, encode_blocks
+from cachemesh_client.kvkeys import KEY_PREFIX
+from cachemesh_client.valuecodec import encode
 
 from infra.mesh_state import MeshState
 from infra.paths import shared_data_dir
-from schemas.events import Event, new_event_id
+from schemas.events import CacheAccessed, Event, new_event_id
 
 Progress = Callable[[str, int], None]
 
@@ -29,7 +37,7 @@ Progress = Callable[[str, int], None]
 @dataclass(frozen=True)
 class DemoPlan:
     seconds: float = 30.0
-    trace_s: float = 300.0
+    trace_s: float = 600.0
     pairs: int = 300
     workers: int = 8
     model: str = "demo"
@@ -38,6 +46,8 @@ class DemoPlan:
 @dataclass
 class DemoReport:
     kv_events: int = 0
+    blocks_stored: int = 0
+    block_writes_failed: int = 0
     puts: int = 0
     rewrites: int = 0
     asked: int = 0
@@ -45,6 +55,7 @@ class DemoReport:
     after: dict[str, Any] = field(default_factory=dict)
     board_before: dict[str, int] = field(default_factory=dict)
     board_after: dict[str, int] = field(default_factory=dict)
+    delta_t_ms: list[int] = field(default_factory=list)  # this run's warmups against their turns
     took_s: float = 0.0
 
     def rows(self) -> list[tuple[str, str]]:
@@ -54,6 +65,7 @@ class DemoReport:
         lookups, hits = delta("lookups"), delta("hits")
         rows = [
             ("KV and access events sent (Mooncake)", str(self.kv_events)),
+            ("KV blocks stored as the trace computed them", str(self.blocks_stored)),
             ("answers put / source documents rewritten", f"{self.puts} / {self.rewrites}"),
             ("questions asked", str(self.asked)),
             ("lookups", str(lookups)),
@@ -65,7 +77,21 @@ class DemoReport:
             n = int(kinds_after[kind]) - int(kinds_before.get(kind, 0))
             if n:
                 rows.append((f"  hits {kind}", str(n)))
-        rows.append(("warmup commands applied (tier node)", str(delta("warmed"))))
+        rows.append(
+            (
+                "warmups applied (tier node): blocks loaded / in place",
+                f"{delta('commands')}: {delta('warmed')} / {delta('warm_already_held')}",
+            )
+        )
+        if self.delta_t_ms:
+            ordered = sorted(self.delta_t_ms)
+            early = sum(d >= 0 for d in ordered)
+            rows.append(
+                (
+                    "warmup Δt (turn - warm): median, before the turn",
+                    f"{ordered[len(ordered) // 2] / 1000:.2f} s, {early} of {len(ordered)}",
+                )
+            )
         rows.append(("invalidations received (tier node)", str(delta("invalidations_received"))))
         for key, label in (
             ("warmup_decisions", "warmup decisions (dashboard)"),
@@ -92,12 +118,12 @@ async def dashboard_page(session: aiohttp.ClientSession, mesh: MeshState) -> str
     return str(body["url"]) if isinstance(body, dict) and body.get("url") else dashboard_url(mesh)
 
 
-async def tiers_url(session: aiohttp.ClientSession, mesh: MeshState) -> str | None:
-    """The tier node's API URL, from its health report."""
+async def tiers_node(session: aiohttp.ClientSession, mesh: MeshState) -> tuple[str, str] | None:
+    """The tier node's API URL and node id, from its health report."""
     health_url = mesh.health_urls.get("tiers")
     body = None if health_url is None else await _get_json(session, health_url)
     api = (body or {}).get("api") or {}
-    return str(api["url"]) if api.get("url") else None
+    return (str(api["url"]), str(body.get("node_id") or "")) if api.get("url") and body else None
 
 
 async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
@@ -108,14 +134,95 @@ async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
         return None
 
 
-def kv_events(plan: DemoPlan, now_ms: int) -> list[Event]:
-    from streams.generator import ReplayConfig, mooncake_events
+def kv_events(plan: DemoPlan, now_ms: int, node_id: str | None = None) -> list[Event]:
+    """The trace's conversations of two turns or more (requests sharing their first block, as
+    bench/engine_replay.py reads the trace: the turns of one conversation) in its first `trace_s`, on
+    `node_id` (the generator spreads events over node-0, node-1, ...: warmup would address its
+    commands to nodes that do not exist), each KV block under a content key (`kv:`, what the node's
+    block API takes), each request in its conversation (the generator gives every request a trace of
+    its own, so no conversation ever had a next turn to warm for)."""
+    from streams.generator import MooncakeReplay, ReplayConfig, read_mooncake
 
+    requests = read_mooncake(until_ms=round(plan.trace_s * 1000))
+    turns = Counter(r.hash_ids[0] for r in requests if r.hash_ids)
+    requests = [r for r in requests if r.hash_ids and turns[r.hash_ids[0]] >= 2]
     config = ReplayConfig(base_ms=now_ms, time_scale=plan.seconds / plan.trace_s)
-    events = mooncake_events(until_ms=round(plan.trace_s * 1000), config=config)
-    # The generator's ids are the same every run (deterministic for tests); consumers would drop a
-    # second demo's events as duplicates of the first's.
-    return [e.model_copy(update={"event_id": new_event_id()}) for e in events]
+    events = sorted(MooncakeReplay(config).events(requests), key=lambda e: e.occurred_at_ms)
+    run = f"{now_ms:x}"  # a conversation of this run is not the same-named one of the run before
+    out = []
+    conversation: dict[str, str] = {}  # the generator's trace id -> the conversation's
+    for e in events:
+        # The generator's ids are the same every run (deterministic for tests); consumers would drop a
+        # second demo's events as duplicates of the first's.
+        update: dict[str, Any] = {"event_id": new_event_id()}
+        if node_id and getattr(e, "node_id", None) is not None:
+            update["node_id"] = node_id
+        if isinstance(e, CacheAccessed) and e.kind == "kv_block" and e.key.startswith("block:"):
+            block = e.key.removeprefix("block:")
+            update["key"] = f"{KEY_PREFIX}demo-{block}"
+            if e.trace_id is not None:  # its request's first block comes first
+                conversation.setdefault(e.trace_id, f"demo-{run}-{block}")
+        trace = getattr(e, "trace_id", None)
+        if trace is not None and trace in conversation:
+            update["trace_id"] = conversation[trace]
+        out.append(e.model_copy(update=update))
+    return out
+
+
+def stand_in_block(key: str, model: str) -> FetchedBlock:
+    """A small KV block value (the demo has no engine to compute real ones): what a warm loads."""
+    value = encode(np.zeros(128, dtype=np.float16), kind="kv_block", model=model)
+    return FetchedBlock(key, "hit", None, value)
+
+
+class BlockStore:
+    """Stores each KV block the first time the trace computes it (a miss), in batches, in the
+    background: the demo's stand-in for the engine that would have written it (the vLLM connector)."""
+
+    def __init__(self, session: aiohttp.ClientSession, api: str, token: str | None, batch: int = 256) -> None:
+        self.session, self.url, self.batch = session, f"{api}/v1/blocks/put", batch
+        self.headers = {"Content-Type": MEDIA_TYPE, **({"Authorization": f"Bearer {token}"} if token else {})}
+        self.seen: set[str] = set()
+        self.pending: list[FetchedBlock] = []
+        self.stored = 0
+        self.failed = 0
+        self._sends: set[asyncio.Task[None]] = set()
+
+    def computed(self, event: Event) -> None:
+        if not isinstance(event, CacheAccessed) or event.kind != "kv_block" or event.hit:
+            return
+        if not event.key.startswith(KEY_PREFIX) or event.key in self.seen:
+            return
+        self.seen.add(event.key)
+        self.pending.append(stand_in_block(event.key, event.model or "demo"))
+        if len(self.pending) >= self.batch:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        body, self.pending = encode_blocks(self.pending), []
+        task = asyncio.create_task(self._send(body))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send(self, body: bytes) -> None:
+        try:
+            async with self.session.post(
+                self.url, data=body, headers=self.headers, timeout=aiohttp.ClientTimeout(total=60)
+            ) as response:
+                answer = await response.json(content_type=None)
+                if response.status == 200 and isinstance(answer, dict):
+                    self.stored += int(answer.get("stored", 0)) + int(answer.get("present", 0))
+                else:
+                    self.failed += 1
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            self.failed += 1
+
+    async def drain(self) -> None:
+        self.flush()
+        if self._sends:
+            await asyncio.gather(*self._sends, return_exceptions=True)
 
 
 def qa_pairs(n: int) -> tuple[list[dict[str, str]], list[str]]:
@@ -133,7 +240,13 @@ async def _paced(began: float, due_s: float) -> None:
 
 
 async def drive_kv(
-    events: Sequence[Event], bootstrap: str, namespace: str, seconds: float, report: DemoReport, on: Progress
+    events: Sequence[Event],
+    bootstrap: str,
+    namespace: str,
+    seconds: float,
+    report: DemoReport,
+    on: Progress,
+    store: BlockStore | None = None,
 ) -> None:
     from services.runtime.kafka import EventPublisher
     from services.runtime.settings import KafkaSettings
@@ -147,6 +260,8 @@ async def drive_kv(
         t0 = events[0].occurred_at_ms if events else 0
         for n, event in enumerate(events):
             await _paced(began, min(seconds, (event.occurred_at_ms - t0) / 1000))
+            if store is not None:
+                store.computed(event)
             await publisher.publish(event, wait=False)
             report.kv_events += 1
             if n % 200 == 0:
@@ -197,10 +312,20 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
     await asyncio.gather(*(worker() for _ in range(plan.workers)))
 
 
-async def board_totals(session: aiohttp.ClientSession, mesh: MeshState) -> dict[str, int]:
+async def board_snapshot(session: aiohttp.ClientSession, mesh: MeshState) -> dict[str, Any]:
     url = dashboard_url(mesh)  # the metrics port: the one the state file names
     body = None if url is None else await _get_json(session, f"{url}api/snapshot")
-    return dict((body or {}).get("totals") or {})
+    return body if isinstance(body, dict) else {}
+
+
+def delta_t_since(snapshot: dict[str, Any], since_s: float) -> list[int]:
+    """The dashboard's Δt samples (its warmup_delta series) measured from `since_s` (epoch s) on."""
+    series = (snapshot.get("series") or {}).get("warmup_delta") or {}
+    return [
+        int(d)
+        for t, d in zip(series.get("t") or [], series.get("delta_t_ms") or [], strict=False)
+        if t >= since_s
+    ]
 
 
 async def run_demo(
@@ -215,23 +340,30 @@ async def run_demo(
     report = DemoReport()
     began = time.monotonic()
     async with aiohttp.ClientSession() as session:
-        api = await tiers_url(session, mesh)
-        if api is None:
+        node = await tiers_node(session, mesh)
+        if node is None:
             raise LookupError("the mesh has no healthy tiers service (see `cachemesh status`)")
-        events = kv_events(plan, int(time.time() * 1000))
+        api, node_id = node
+        events = kv_events(plan, int(time.time() * 1000), node_id or None)
         on_start(len(events), plan.pairs)
         token = os.environ.get("CACHEMESH_TIERS_API_TOKEN")
+        store = BlockStore(session, api, token)
         async with AsyncTiersClient(api, token=token, timeout_s=30) as client:
             report.before = await client.stats()
-            report.board_before = await board_totals(session, mesh)
+            report.board_before = dict((await board_snapshot(session, mesh)).get("totals") or {})
+            started_s = time.time()
             await asyncio.gather(
-                drive_kv(events, mesh.bootstrap, mesh.namespace, plan.seconds, report, on),
+                drive_kv(events, mesh.bootstrap, mesh.namespace, plan.seconds, report, on, store),
                 drive_qa(client, plan, report, on),
             )
+            await store.drain()
+            report.blocks_stored, report.block_writes_failed = store.stored, store.failed
             # Records (warmups, invalidations) trail the traffic by a tick or two.
             await asyncio.sleep(1.5)
             report.after = await client.stats()
-            report.board_after = await board_totals(session, mesh)
+            snapshot = await board_snapshot(session, mesh)
+            report.board_after = dict(snapshot.get("totals") or {})
+            report.delta_t_ms = delta_t_since(snapshot, started_s)
     report.took_s = time.monotonic() - began
     return report
 

@@ -36,6 +36,7 @@ _COUNTERS = (
     ("cachemesh_tiers_invalidated_entries", "invalidated_entries", "Entries dropped by invalidations"),
     ("cachemesh_tiers_commands", "commands", "Warmup, promotion and eviction commands carried out"),
     ("cachemesh_tiers_warmed", "warmed", "Entries loaded by warmup commands"),
+    ("cachemesh_tiers_warm_already_held", "warm_already_held", "Keys warmup commands found in place"),
     ("cachemesh_tiers_l3_errors", "l3_errors", "L3 calls that failed or timed out"),
     ("cachemesh_tiers_remote_hits", "remote_hits", "Lookups answered from a peer's L2"),
 )

@@ -11,6 +11,9 @@ early, since any moment is as likely), `lead_fraction` until 20 gaps are known, 
 blocks take to load. A conversation is warmed at most once per turn (a warmup that evicts other
 conversations' blocks must not set off theirs in turn). Without any removal events (an engine that
 does not report them) every block of the conversation is warmed.
+
+How early each warmup was: the turn it was for is the peak it had to meet, so Δt = t_turn - t_warm
+(`measured`: >= 0, loaded before the turn asked; the load itself takes part of it).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ class _Conversation:
     dropped: dict[str, None] = field(default_factory=dict)  # blocks removed since they were last seen
     gap_ms: float | None = None  # exponential average of the idle gaps between turns
     warmed_this_turn: bool = False
+    warmed_at_ms: int | None = None  # when this turn's warmup was sent, until the next turn comes
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,7 @@ class Conversations:
         # Conversations that may have something to warm; `due` looks at these only.
         self._pending: dict[str, None] = {}
         self.removals_seen = False
+        self.measured: list[tuple[str, int, int]] = []  # (node, t_warm, t_turn), drained by the planner
 
     def __len__(self) -> int:
         return len(self._by_trace)
@@ -79,6 +84,9 @@ class Conversations:
                 gap if conv.gap_ms is None else (1 - self.gap_alpha) * conv.gap_ms + self.gap_alpha * gap
             )
             conv.warmed_this_turn = False
+            if conv.warmed_at_ms is not None:
+                self.measured.append((conv.node_id, conv.warmed_at_ms, now_ms))
+                conv.warmed_at_ms = None
         conv.blocks.pop(block, None)
         conv.blocks[block] = None
         conv.dropped.pop(block, None)
@@ -161,11 +169,14 @@ class Conversations:
             out.append(Due(trace_id, conv.node_id, wanted, why, int(conv.last_ms + gap)))
         return out
 
-    def loading(self, trace_id: str, blocks: list[str]) -> None:
-        """`blocks` were sent to be loaded: they are no longer missing (until removed again)."""
+    def loading(self, trace_id: str, blocks: list[str], at_ms: int | None = None) -> None:
+        """`blocks` were sent to be loaded (at `at_ms`): they are no longer missing (until removed
+        again)."""
         conv = self._by_trace.get(trace_id)
         if conv is None:
             return
+        if blocks and at_ms is not None and conv.warmed_at_ms is None:
+            conv.warmed_at_ms = at_ms
         for block in blocks:
             conv.dropped.pop(block, None)
         # Once per turn; blocks the budget could not take yet keep it armed.

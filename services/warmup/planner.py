@@ -147,14 +147,17 @@ class WarmupPlanner:
             return self.on_penetrated(event)
         if isinstance(event, KvBlockStored):
             self.on_block_stored(event)
+            return self._turns_measured(event.occurred_at_ms)
         elif isinstance(event, KvBlockRemoved):
             self.ledger.evicted(event.block_hash)
             self.conversations.removed(event.block_hash, event.medium)
         elif isinstance(event, CacheAccessed):
             self.on_access(event)
+            return self._turns_measured(event.occurred_at_ms)
         elif isinstance(event, CacheAccessBatch):
             for access in event.events:
                 self.on_access(access)
+            return self._turns_measured(event.occurred_at_ms)
         elif isinstance(event, HeatScored):
             return self.on_heat(event)
         elif isinstance(event, ConversationEnded):
@@ -177,6 +180,17 @@ class WarmupPlanner:
             )
             for s in self.delta_t.window(w.shard, w.window_start_ms, w.window_end_ms, w.qps)
         ]
+
+    def _turns_measured(self, at_ms: int) -> list[Event]:
+        """Δt of the conversation warmups whose turn has just come (the turn is their peak)."""
+        if not self.conversations.measured:
+            return []
+        done, self.conversations.measured = self.conversations.measured, []
+        return [
+            WarmupMeasured(shard=node, t_warm_ms=t_warm, t_peak_ms=t_turn, delta_t_ms=t_turn - t_warm,
+                           occurred_at_ms=at_ms)
+            for node, t_warm, t_turn in done
+        ]  # fmt: skip
 
     def on_block_stored(self, e: KvBlockStored) -> None:
         if e.size_bytes is not None:
@@ -290,7 +304,9 @@ class WarmupPlanner:
                 for e in events
             )
             # Blocks held for waste are given up for this turn; those the budget could not take retry.
-            self.conversations.loading(due.trace_id, due.blocks if held_for_waste else sent)
+            self.conversations.loading(
+                due.trace_id, due.blocks if held_for_waste else sent, now_ms if sent else None
+            )
             out += events
         return out
 

@@ -53,9 +53,13 @@ async def test_demo_finds_the_mesh_and_drives_both_streams(
             (tmp_path / "run" / "state.json").write_text(json.dumps(state))
             mesh = running_mesh()
             assert mesh is not None and dashboard_url(mesh).endswith("/dashboard/")  # type: ignore[union-attr]
-            report = await run_demo(mesh, DemoPlan(seconds=6, trace_s=30, pairs=12, workers=4))
+            report = await run_demo(mesh, DemoPlan(seconds=6, trace_s=120, pairs=12, workers=4))
             # the dashboard found the node through the same state file
             await until(lambda: bool(dash.tiers_seen), timeout_s=30, step_s=0.1)
+
+            # The blocks the trace computed are on the node, under the keys its events name.
+            assert report.blocks_stored >= 100 and report.block_writes_failed == 0
+            assert node.cache is not None and node.cache.counters.puts >= report.blocks_stored
 
     rows = dict(report.rows())
     assert report.kv_events > 500

@@ -21,6 +21,7 @@ class Counters:
     heat_keep_alives: int = 0
     commands: int = 0
     warmed: int = 0
+    warm_already_held: int = 0  # keys a warmup command found where it would have put them
     conversations_ended: int = 0
     context_dropped: int = 0
     l3_errors: int = 0

@@ -326,7 +326,9 @@ class TieredCache(TierReads):
                 report.already_present += 1
                 continue
             local = self.l2.get(key) if (to_l1 and self.l2 is not None and key in self.l2) else None
-            if local is not None and self._admit(local, to_l2=False):
+            if local is not None and local.meta.kind == "kv_block":
+                report.already_present += 1  # KV lives in L2 (the block pool): as warm as it gets
+            elif local is not None and self._admit(local, to_l2=False):
                 report.loaded += 1
                 report.from_l2 += 1
             else:
@@ -348,6 +350,7 @@ class TieredCache(TierReads):
             wanted = [k for k in wanted if k not in (rows or {})]
         report.missing = len(wanted)
         self.counters.warmed += report.loaded
+        self.counters.warm_already_held += report.already_present
         return report
 
     async def on_conversation_ended(self, event: ConversationEnded) -> list[str]:
@@ -446,6 +449,7 @@ class TieredCache(TierReads):
             "heat": {"evictions": c.heat_evictions, "keep_alives": c.heat_keep_alives},
             "commands": c.commands,
             "warmed": c.warmed,
+            "warm_already_held": c.warm_already_held,
             "conversations_ended": c.conversations_ended,
             "context_dropped": c.context_dropped,
             "refine": self.refiner.stats() if self.refiner is not None else None,

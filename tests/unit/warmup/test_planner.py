@@ -129,6 +129,31 @@ def test_without_removal_events_a_conversation_is_warmed_once_per_turn_on_its_no
     assert p.tick(T + 30_000) == []
 
 
+def test_a_conversation_warmup_is_measured_against_the_turn_it_was_for() -> None:
+    """Δt = t_turn - t_warm: the turn is the peak a conversation's warmup had to meet."""
+    p = WarmupPlanner(PlannerConfig(turn_idle_ms=1000))
+    p.apply(KvBlockStored(block_hash="k0", trace_id="conv", node_id="n7", occurred_at_ms=T))
+    assert commands(p.tick(T + 1500))
+    [first] = p.apply(
+        CacheAccessed(key="k0", hit=True, kind="kv_block", trace_id="conv", occurred_at_ms=T + 1700)
+    )
+    assert isinstance(first, WarmupMeasured) and first.delta_t_ms == 200
+    # The same turn goes on: nothing more to measure.
+    assert (
+        p.apply(CacheAccessed(key="k1", kind="kv_block", hit=True, trace_id="conv", occurred_at_ms=T + 1800))
+        == []
+    )
+    out = p.apply(
+        CacheAccessed(key="k2", hit=True, kind="kv_block", trace_id="conv", occurred_at_ms=T + 9000)
+    )
+    assert out == []  # the turn came without a warmup before it
+    p.apply(KvBlockStored(block_hash="x", trace_id="other", node_id="n7", occurred_at_ms=T + 9000))
+    assert commands(p.tick(T + 16_000))  # both conversations
+    [m] = p.apply(KvBlockStored(block_hash="k3", trace_id="conv", node_id="n7", occurred_at_ms=T + 18_000))
+    assert isinstance(m, WarmupMeasured) and m.shard == "n7"
+    assert (m.t_warm_ms, m.t_peak_ms, m.delta_t_ms) == (T + 16_000, T + 18_000, 2_000)
+
+
 def test_only_dropped_blocks_are_warmed_just_before_the_expected_next_turn() -> None:
     config = PlannerConfig(turn_idle_ms=1000, turn_lead_fraction=0.75, load_bytes_per_s=1e6)
     p = WarmupPlanner(config)
