@@ -197,7 +197,7 @@ class Board:
             return {}
         return {
             f"engine_warms_{k}": sum(int(w.get(k) or 0) for w in self.warms.values())
-            for k in ("sent", "used", "wasted")
+            for k in ("sent", "used", "wasted", "ttft_saved_ms")
         }
 
     @property

@@ -350,7 +350,9 @@ class Engines:
                     "blocks": len(e.state.blocks),
                     "pool_blocks": e.pool_blocks,
                     "survive_ms": _finite(e.survive_ms()),
-                    "ftl_ms": _ftl(e.ftl_params()),
+                    # Its first-token time, base + m * delta (m: the share of a prompt computed).
+                    "ftl_base_ms": _ftl(e.ftl_params(), 0),
+                    "ftl_delta_ms": _ftl(e.ftl_params(), 1),
                     "calls": e.upstream.calls,
                 }
                 for e in self.engines
@@ -385,8 +387,8 @@ def _cached_tokens(answer: Any) -> int | None:
     return cached if isinstance(cached, int) and cached >= 0 else None
 
 
-def _ftl(params: tuple[float, float] | None) -> dict[str, float] | None:
-    return None if params is None else {"base": round(params[0], 1), "delta": round(params[1], 1)}
+def _ftl(params: tuple[float, float] | None, which: int) -> float | None:
+    return None if params is None else round(params[which], 1)
 
 
 def _finite(ms: float | None) -> float | None:

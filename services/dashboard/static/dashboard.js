@@ -58,7 +58,7 @@ async function poll() {
     table("heat", snap.heat, ["at_ms", "key", "decision", "score", "model_version"]);
     table("warmups", snap.warmups, ["at_ms", "action", "source", "keys", "tier", "reason"]);
     table("mode_changes", snap.mode_changes, ["at_ms", "node_id", "previous_mode", "mode", "reason"]);
-    table("instances", snap.instances, ["gateway", "name", "healthy", "in_flight", "waiting", "blocks", "pool_blocks", "survive_ms", "calls"]);
+    table("instances", snap.instances, ["gateway", "name", "healthy", "in_flight", "waiting", "blocks", "pool_blocks", "survive_ms", "ftl_base_ms", "ftl_delta_ms", "calls"]);
     table("routes", snap.routes, ["at_ms", "gateway", "instance", "reason", "conversation", "prompt_blocks", "predicted_blocks", "realised_blocks"]);
     document.getElementById("totals").textContent = Object.entries(snap.totals).map(([k, v]) => k + " " + v).join(" · ");
     status.dataset.polls = String(Number(status.dataset.polls) + 1);

@@ -181,7 +181,7 @@ def test_routing_rows_come_from_every_gateways_report_newest_first() -> None:
                 {"at_ms": t, "instance": "a", "reason": "prefix", "predicted_blocks": 4, "realised_blocks": 4}
                 for t in at
             ],
-            "warms": {"sent": 3, "used": 2, "wasted": 1},
+            "warms": {"sent": 3, "used": 2, "wasted": 1, "ttft_saved_ms": 150.4},
         }
         return {"node_id": node, "gateway": {"routing": routing}}
 
@@ -192,4 +192,5 @@ def test_routing_rows_come_from_every_gateways_report_newest_first() -> None:
         ("gw1", "a", True), ("gw1", "b", False), ("gw2", "a", True), ("gw2", "b", False),
     ]  # fmt: skip
     assert snap["totals"]["engine_warms_sent"] == 6 and snap["totals"]["engine_warms_used"] == 4
+    assert snap["totals"]["engine_warms_ttft_saved_ms"] == 300  # first-token time the used warms saved
     assert "engine_warms_sent" not in Board().snapshot(0)["totals"]  # no gateway: no warm totals
