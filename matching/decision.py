@@ -62,6 +62,21 @@ class MatchResult:
         return self.verdict is Verdict.SERVE
 
     @property
+    def rule(self) -> str:
+        """Which rule decided, in a word: "exact", "threshold" (served, or refused below it), "floor"
+        (below the request's or entry's cosine floor), "guard:<name>", "uncertain" (explored), or
+        "no candidate"."""
+        if self.exact:
+            return "exact"
+        if self.guard is not None:
+            return f"guard:{self.guard}"
+        if self.candidate is None:
+            return "no candidate"
+        if self.verdict is Verdict.EXPLORE:
+            return "uncertain"
+        return "floor" if " < floor " in self.reason else "threshold"
+
+    @property
     def conclusive(self) -> bool:
         """No other tier can do better: stop walking tiers."""
         return self.served and (self.exact or self.similarity >= NEAR_EXACT)

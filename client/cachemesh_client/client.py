@@ -93,6 +93,10 @@ class LookupResult:
     peer: str | None = None
     value: str | np.ndarray | None = None
     descriptor: dict[str, Any] = field(default_factory=dict)
+    # A semantic miss says why: the rule that refused its nearest entry (threshold, floor,
+    # guard:<name>, uncertain, no candidate) and in words; `similarity` is that entry's.
+    miss_rule: str | None = None
+    miss_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +261,8 @@ def parse_lookup(data: Mapping[str, Any]) -> LookupResult:
         peer=data.get("peer"),
         value=parse_value(data.get("value")),
         descriptor=dict(data.get("descriptor") or {}),
+        miss_rule=data.get("miss_rule"),
+        miss_reason=data.get("miss_reason"),
     )
 
 

@@ -165,6 +165,11 @@ class Proxy:
     def _note_miss(self, found: LookupResult, out: dict[str, str]) -> None:
         self._count("miss")
         out["x-cachemesh-lookup-ms"] = f"{found.latency_ms:.2f}"
+        if found.miss_rule is not None:  # why the node served nothing: its rule, its nearest candidate
+            near = (
+                "" if found.best_similarity is None else f"; similarity {min(found.best_similarity, 1.0):.4f}"
+            )
+            out["x-cachemesh-miss"] = f"{found.miss_rule}{near}"
         if found.outcome != "miss":
             out["x-cachemesh-lookup"] = found.outcome
             self._count(f"lookup_{found.outcome}")

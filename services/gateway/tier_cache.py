@@ -46,6 +46,8 @@ class LookupResult:
     latency_ms: float
     hit: CachedAnswer | None = None
     explore_key: str | None = None
+    miss_rule: str | None = None  # why the node served none: the rule that refused its best candidate
+    best_similarity: float | None = None  # that candidate's
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +117,13 @@ class TierCache:
         data = response.json()
         explore = data.get("explore_key")
         if not data.get("hit"):
-            return result("miss", explore_key=explore)
+            rule, near = data.get("miss_rule"), data.get("similarity")
+            return result(
+                "miss",
+                explore_key=explore,
+                miss_rule=str(rule) if rule is not None else None,
+                best_similarity=float(near) if isinstance(near, int | float) else None,
+            )
         answer = decode_answer((data.get("value") or {}).get("text"))
         if answer is None:
             return result("miss", explore_key=explore)

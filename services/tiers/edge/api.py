@@ -200,6 +200,8 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
         "remote": result.remote,
         "peer": result.peer,
         "explore_key": result.explore_key,
+        "miss_rule": result.miss_rule,
+        "miss_reason": result.miss_reason,
         "descriptor": None if entry is None else entry.meta.as_dict(),
         "value": _value_dict(entry.blob) if entry is not None and include_value else None,
         "value_omitted": omitted,

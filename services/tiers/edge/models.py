@@ -176,6 +176,12 @@ class LookupOut(BaseModel):
         description="a miss the learned decision explores: ask the model, then POST /v1/feedback with "
         "this key, explored true and whether the answers agree",
     )
+    miss_rule: str | None = Field(
+        default=None,
+        description="why a semantic lookup missed: the rule that refused its best candidate (threshold, "
+        "floor, guard:<name>, uncertain) or 'no candidate'; `similarity` is that candidate's",
+    )
+    miss_reason: str | None = Field(default=None, description="the same in words")
     descriptor: DescriptorOut | None = None
     value: ValueOut | None = None
     value_omitted: bool = False

@@ -19,6 +19,7 @@ from typing import Literal, NamedTuple
 
 import numpy as np
 
+from matching.decision import MatchResult
 from schemas.events import Tier
 from services.tiers.entry import Entry
 
@@ -55,6 +56,11 @@ class Lookup(NamedTuple):  # a tuple: one is built per lookup (0.26 us; a frozen
     # A miss the learned decision wants explored: ask the model and report whether its answer agrees
     # with this entry's (POST /v1/feedback with explored true). `similarity` is the candidate's.
     explore_key: str | None = None
+    # Why a semantic lookup missed: the rule that refused its best candidate (matching/decision.py
+    # `MatchResult.rule`, "no candidate" when none came near) and in words; `similarity` is that
+    # candidate's. None for a hit or a lookup by key alone.
+    miss_rule: str | None = None
+    miss_reason: str | None = None
 
     @property
     def hit(self) -> bool:
@@ -117,7 +123,7 @@ class Walk:
     """One lookup (`batched` False) or a batch walking the plan: which queries are still open, what was
     found, which were degraded."""
 
-    __slots__ = ("_open", "batched", "degraded", "explore", "found", "left", "offers", "queries")
+    __slots__ = ("_open", "batched", "degraded", "explore", "found", "left", "offers", "queries", "refused")
 
     def __init__(self, queries: Sequence[Query], *, batched: bool) -> None:
         self.queries = queries
@@ -130,6 +136,7 @@ class Walk:
         self.left = n  # how many are still open: at 0 the walk stops
         self.offers: dict[int, list[Offer]] = {}  # semantic candidates, decided when the walk ends
         self.explore: dict[int, Offer] = {}  # the candidate to explore, for a miss the decision explores
+        self.refused: dict[int, MatchResult] = {}  # why the decision served none of a query's candidates
 
     def todo(self, step: Step) -> list[int]:
         """The queries `step` may still answer: open, and holding what it needs (key or embedding)."""

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from matching.decision import MatchResult, Verdict
 from policies.base import AccessMeta
 from schemas.events import Tier, now_ms
 from services.tiers.entry import Entry, EntryMeta
@@ -31,6 +32,9 @@ from services.tiers.node.refine import Refiner, rescore, unsettled
 from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
 
 log = logging.getLogger(__name__)
+
+# A semantic lookup that found nothing near enough to decide on.
+_NO_CANDIDATE = MatchResult(Verdict.MISS, 0.0, float("inf"), "no cached entry came near enough to decide on")
 
 
 def embedding_key(embedding: npt.ArrayLike) -> str:
@@ -511,6 +515,8 @@ class TierReads:
             result = self.matcher.best(q.text, cands, key=q.key, tolerance=q.tolerance)
             if result.candidate is None:
                 continue
+            if not result.served and result.verdict != "explore":
+                walk.refused[i] = result
             chosen = offers[next(j for j, c in enumerate(cands) if c is result.candidate)]
             if result.served:
                 if chosen.step.source == "l1":
@@ -645,6 +651,7 @@ class TierReads:
                     q.trace_id,
                     None if f is None else f.peer,
                     walk.explore.get(i),
+                    None if f is not None or q.embedding is None else walk.refused.get(i, _NO_CANDIDATE),
                 )
             )
         return out
@@ -662,6 +669,7 @@ class TierReads:
         trace_id: str | None,
         peer: str | None = None,
         explore: Offer | None = None,
+        refused: MatchResult | None = None,
     ) -> Lookup:
         latency_us = (self.perf_ns() - started_ns) / 1e3
         c = self.counters
@@ -680,6 +688,17 @@ class TierReads:
                     latency_us=latency_us,
                     degraded=degraded,
                     explore_key=explore.entry.key,
+                    miss_rule="uncertain",
+                    miss_reason="explored: ask the model and report whether it agrees",
+                )
+            if refused is not None:
+                return Lookup(
+                    None,
+                    similarity=refused.similarity if refused.candidate is not None else None,
+                    latency_us=latency_us,
+                    degraded=degraded,
+                    miss_rule=refused.rule,
+                    miss_reason=refused.reason,
                 )
             return Lookup(None, latency_us=latency_us, degraded=degraded)
         c.hits[f"{tier}:{match}" + (":remote" if peer is not None else "")] += 1

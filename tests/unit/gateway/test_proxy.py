@@ -159,6 +159,15 @@ async def test_a_miss_is_forwarded_relayed_and_stored_with_its_descriptor(gatewa
     stored = decode_answer(put["value"]["text"])
     assert stored is not None and stored["choices"] == ANSWER["choices"]
     assert [type(e) for e in world.events] == [ConversationStarted]
+    assert "x-cachemesh-miss" not in r.headers  # the node did not say why: nothing to relay
+
+
+async def test_a_miss_says_which_rule_refused_the_nearest_answer(gateway) -> None:
+    client, world = await gateway()
+    world.lookup = {"hit": False, "similarity": 0.9331, "miss_rule": "guard:instruction", "miss_reason": "-"}
+    r = await client.post("/v1/chat/completions", json=chat())
+    assert r.headers["x-cachemesh-cache"] == "miss"
+    assert r.headers["x-cachemesh-miss"] == "guard:instruction; similarity 0.9331"
 
 
 async def test_a_hit_is_answered_by_the_gateway_json_and_sse(gateway) -> None:

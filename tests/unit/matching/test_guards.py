@@ -133,3 +133,14 @@ def test_a_remembered_analysis_answers_as_a_fresh_one() -> None:
             for x, y in ((a, b), (b, a)):
                 hit = guards.check(x, y)
                 assert (hit.guard if hit else None) == fired, (x[:40], y[:40])
+
+
+def test_each_decision_names_its_rule() -> None:
+    d = _decision()
+    c = Candidate("k", "How do I reset my password?", 0.98)
+    assert d.decide("", c, request_key="k").rule == "exact"
+    assert d.decide("", c).rule == "threshold"  # served at or above it
+    assert d.decide("", Candidate("k", "", 0.90)).rule == "threshold"  # refused below it
+    assert d.decide("", Candidate("k", "", 0.98, similarity_tolerance=0.99)).rule == "floor"
+    assert d.decide("How do I not reset my password?", c).rule.startswith("guard:")
+    assert d.best_candidate("q", []).rule == "no candidate"

@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from policies.recency.lru import LRU
 from services.tiers import codec
 from services.tiers.edge.api import create_app
-from services.tiers.edge.client import AsyncTiersClient, LookupRequest, TiersError
+from services.tiers.edge.client import AsyncTiersClient, LookupRequest, TiersError, parse_lookup
 from services.tiers.edge.embedder import Embedder
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
@@ -262,6 +262,13 @@ async def test_a_put_by_text_keeps_its_prompt_for_the_guards(raw: httpx.AsyncCli
     # WordEmbedder puts the two 0.97 apart (same first word); the negation guard refuses the trap.
     trap = (await raw.post("/v1/lookup", json={"text": "reset not my password"})).json()
     assert not trap["hit"]
+    # The miss says why: the guard that refused the best candidate, and how near that one was.
+    assert trap["miss_rule"] == "guard:negation" and "negat" in trap["miss_reason"]
+    assert trap["similarity"] > 0.9
+    assert parse_lookup(trap).miss_rule == "guard:negation"  # and the client reads it
+    far = (await raw.post("/v1/lookup", json={"text": "zebra quantum harbour"})).json()
+    assert not far["hit"] and far["miss_rule"] in {"no candidate", "threshold"}
+    assert (await raw.post("/v1/lookup", json={"key": "nothing-here"})).json()["miss_rule"] is None
     para = (await raw.post("/v1/lookup", json={"text": "reset my password, please"})).json()
     assert (para["hit"], para["key"], para["match"]) == (True, "pw", "semantic")
 

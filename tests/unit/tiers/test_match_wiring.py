@@ -71,6 +71,7 @@ async def test_the_negation_trap_is_a_miss_by_text_and_a_paraphrase_a_hit() -> N
     await put(rig, ORIGINAL, RESET)
     trap = await rig.cache.get(embedding=embed(NOT_RESET), text=NOT_RESET)
     assert not trap.hit  # 0.928 >= 0.92, but the negation guard vetoes it
+    assert trap.miss_rule == "guard:negation" and trap.similarity is not None and trap.similarity > 0.92
     para = await rig.cache.get(embedding=embed(PARAPHRASE), text=PARAPHRASE)
     assert (para.hit, para.tier, para.match) == (True, "l1", "semantic")
     assert para.entry is not None and para.entry.key == ORIGINAL
