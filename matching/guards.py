@@ -1,14 +1,15 @@
 """Cheap lexical checks that catch near-miss traps: two prompts that embed close but ask different things.
 
-Each guard compares the cached prompt with the request and returns a reason when it fires (None when
-it does not): negation added or removed, numbers/dates/units changed, named entities or quoted strings
+Each guard compares the cached prompt with the request and returns a reason when it fires (None when it
+does not): negation added or removed, numbers/dates/units changed, named entities or quoted strings
 changed or swapped between roles (also around a single "to": "convert a PDF to Word" / "Word to PDF"),
-opposite comparatives or antonyms (in inflected forms too: increased/decreased). They are deliberately
-word-list based and general English: a fired guard means "do not trust the similarity", not "the
-answers differ". Order and casing never make a guard fire. The second round of words (weekday/weekend,
-part-time/full-time, within/after, optional/compulsory, opt in/out, inflections, the single-"to" swap)
-came from the families of wrong answers bench/semantic.py served on its dev half; over/under before an
-amount from one on its test half.
+opposite comparatives or antonyms (in inflected forms too: increased/decreased), and instructions about
+the answer's form said to the answerer (language, format, length, manner: "Answer in French."). They are
+deliberately word-list based and general English: a fired guard means "do not trust the similarity", not
+"the answers differ". Order and casing never make a guard fire. The second round of words
+(weekday/weekend, part-time/full-time, within/after, optional/compulsory, opt in/out, inflections, the
+single-"to" swap) came from the families of wrong answers bench/semantic.py served on its dev half;
+over/under before an amount from one on its test half.
 """
 
 from __future__ import annotations
@@ -374,6 +375,91 @@ def opposites(cached: str, request: str) -> str | None:
     return None
 
 
+# --- instructions --------------------------------------------------------------------------------------
+
+LANGUAGES = frozenset(
+    "english french german spanish italian portuguese dutch swedish norwegian danish finnish polish czech "
+    "slovak hungarian romanian bulgarian greek turkish russian ukrainian arabic hebrew persian farsi hindi "
+    "urdu bengali tamil telugu punjabi chinese mandarin cantonese japanese korean vietnamese thai "
+    "indonesian malay filipino tagalog swahili latin catalan basque welsh irish icelandic".split()
+)
+_FORMATS = {
+    "json": "json", "yaml": "yaml", "xml": "xml", "csv": "csv", "html": "html", "markdown": "markdown",
+    "table": "table", "list": "list", "bullet": "list", "bullets": "list", "bulleted": "list",
+    "numbered": "list", "haiku": "poem", "poem": "poem", "limerick": "poem", "sonnet": "poem",
+    "code": "code", "essay": "essay",
+    "tweet": "tweet", "email": "email", "letter": "letter", "story": "story", "song": "poem",
+}  # fmt: skip
+_LENGTH_WORDS = {"briefly": "short", "concisely": "short", "succinctly": "short", "thoroughly": "long"}
+_IN_DEPTH = re.compile(r"\bin (?:great |more |full )?(?:detail|depth)\b")
+_IN_LANGUAGE = re.compile(r"\b(?:in|into)\s+([a-z]+)\b")
+_AS_FORMAT = re.compile(r"\b(?:in|as|into)\s+(?:an?\s+)?(?:short\s+|single\s+|numbered\s+)?([a-z]+)\b")
+_WRITE_A = re.compile(
+    r"\b(?:write|compose|draft|create|give me|make)\s+(?:me\s+)?(?:an?\s+)?(?:short\s+)?([a-z]+)\b"
+)
+_COUNTED = re.compile(
+    r"\b(?:in|with|under|within|at most|no more than|exactly)\s+(\d+|one|two|three|four|five|ten)\s+"
+    r"(words?|sentences?|paragraphs?|bullet points?|characters?)\b"
+)
+# A sentence that tells the answerer what to do ("Answer in French.", "Please list them as JSON.", "Can
+# you explain it step by step?"); a statement about a list or a table is no instruction.
+_DIRECTIVE = re.compile(
+    r"^(?:please\s+|now\s+|and\s+|(?:can|could|would|will)\s+you\s+(?:please\s+)?)?"
+    r"(?:answer|respond|reply|write|give|format|output|return|show|present|explain|summari[sz]e|describe|"
+    r"tell|translate|say|list|provide|put|rewrite|draft|compose|make|create)\b"
+)
+_STEP_BY_STEP = re.compile(r"\bstep[- ]by[- ]step\b")
+_ELI5 = re.compile(r"\b(?:like|as if) i(?:'m| am| were)\s+(?:a\s+)?(?:five|5|child|kid|beginner)\b")
+
+
+@_memo
+def _instructions(text: str) -> frozenset[str]:
+    """What a prompt asks of the answer's form: its language ("in French"), format ("as a list",
+    "in JSON", "a haiku"), length ("in 3 sentences", "briefly") and manner ("step by step", "like I'm
+    five"), said in a sentence that tells the answerer what to do. Not what it asks about."""
+    out: set[str] = set()
+    for sentence in _SENTENCE_END.split(text.replace("\u2019", "'").lower()):
+        sentence = sentence.strip(" ,\t")
+        if _DIRECTIVE.match(sentence):
+            out |= _asked_of(sentence)
+    return frozenset(out)
+
+
+def _asked_of(low: str) -> set[str]:
+    out: set[str] = set()
+    for word in _IN_LANGUAGE.findall(low):
+        if word in LANGUAGES:
+            out.add(f"language:{word}")
+    for word in _AS_FORMAT.findall(low) + _WRITE_A.findall(low):
+        if word in _FORMATS:
+            out.add(f"format:{_FORMATS[word]}")
+    for count, unit in _COUNTED.findall(low):
+        out.add(f"length:{count} {unit.rstrip('s')}")
+    for word in _words(low):
+        if word in _LENGTH_WORDS:
+            out.add(f"length:{_LENGTH_WORDS[word]}")
+    if _IN_DEPTH.search(low):
+        out.add("length:long")
+    if _STEP_BY_STEP.search(low):
+        out.add("manner:step by step")
+    if _ELI5.search(low):
+        out.add("manner:simple")
+    return out
+
+
+def instructions(cached: str, request: str) -> str | None:
+    """The two ask for answers of another form: language, format, length or manner (the question may
+    be the same; the answer is not: "What is the capital of France? Answer in French.")."""
+    a, b = _instructions(cached), _instructions(request)
+    if a == b:
+        return None
+    added, dropped = sorted(b - a), sorted(a - b)
+    parts = ([f"asks {', '.join(added)}"] if added else []) + (
+        [f"not {', '.join(dropped)}"] if dropped else []
+    )
+    return "instructions differ: the request " + "; ".join(parts)
+
+
 # --- all of them --------------------------------------------------------------------------------------
 
 Guard = Callable[[str, str], "str | None"]
@@ -382,6 +468,7 @@ GUARDS: dict[str, Guard] = {
     "numbers": numbers,
     "entities": entities,
     "opposites": opposites,
+    "instructions": instructions,
 }
 
 

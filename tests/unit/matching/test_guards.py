@@ -2,6 +2,7 @@ import pytest
 
 from matching import guards
 from matching.decision import Candidate, MatchDecision, Verdict, floor
+from matching.guards import check, instructions
 from matching.threshold import ThresholdLearner
 
 
@@ -144,3 +145,29 @@ def test_each_decision_names_its_rule() -> None:
     assert d.decide("", Candidate("k", "", 0.98, similarity_tolerance=0.99)).rule == "floor"
     assert d.decide("How do I not reset my password?", c).rule.startswith("guard:")
     assert d.best_candidate("q", []).rule == "no candidate"
+
+
+def test_instructions_about_the_answers_form_are_part_of_the_question() -> None:
+    """Language, format, length and manner: the same question asked for another form of answer."""
+    fires = [
+        ("What is the capital of France?", "What is the capital of France? Answer in French."),
+        ("Explain TCP.", "Explain TCP as a bulleted list."),
+        ("Summarise the article.", "Summarise the article in 3 sentences."),
+        ("Translate hello into German.", "Translate hello into French."),
+        ("Write a poem about rain.", "Write a haiku about rain, in Spanish."),
+        ("How does DNS work?", "How does DNS work? Explain like I'm five."),
+        ("List the planets.", "List the planets in JSON."),
+        ("How do vaccines work?", "How do vaccines work? Explain step by step."),
+    ]
+    for cached, request in fires:
+        hit = check(cached, request)
+        assert hit is not None, (cached, request)
+        assert instructions(cached, request) is not None, (cached, request)
+    passes = [
+        ("How do I learn French?", "How can I learn French?"),  # the topic, not the answer's language
+        ("Is it in the list?", "Is it on the list?"),
+        ("Answer in French: what is a cat?", "In French, what is a cat? Answer in French."),
+        ("What is a short position?", "What does a short position mean?"),
+    ]
+    for cached, request in passes:
+        assert instructions(cached, request) is None, (cached, request)
