@@ -1,0 +1,243 @@
+"""The tier node's shipped semantic decision on any labelled pair file, as a black box.
+
+    python -m bench.semantic_pairs --pairs FILE.jsonl [--n 4000] [--seed 0] --out OUT.json
+
+Each line of FILE is `{"a": str, "b": str, "label": 0|1}`. Protocol: a fixed random sample of `n` pairs;
+every `a` is put through the node's API with an answer of its own; every `b` is looked up once, in
+shuffled order. A served answer is correct only when the pair's label is 1 and the answer is that
+pair's own `a` (or an `a` of identical text). The truth is fed back (`POST /v1/feedback`) for half of
+the served answers, chosen at random, and for every exploration the node asks for. The node runs
+in-process (its API app over httpx's ASGI transport, the default embedder, L1 large enough to hold
+every entry), first in its shipped configuration (top level of OUT), then learned at δ = 0.01, 0.02
+and 0.05 (`"by_delta"`). Each row: served, correct, wrong, positives, recall (correct / positives),
+wrong_rate (wrong / served), its 95% Wilson upper bound, and `ceiling_recall`: what the best fixed
+threshold (with the guards) chosen knowing the labels reaches with wrong <= δ under the same protocol
+(0 where none does; for the shipped row, δ = 0.02). Prints the table, draws OUT's .png beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import random
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from matching import guards
+from services.tiers.edge.api import create_app
+from services.tiers.edge.embedder import Embedder
+from services.tiers.l1.cache import L1Cache, monotonic_ms
+from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.matcher import Matcher
+from services.tiers.node.outbox import Outbox
+from services.tiers.node.tiered import TieredCache
+from services.tiers.settings import TiersSettings
+
+DELTAS = (0.01, 0.02, 0.05)
+SHIPPED_DELTA = 0.02  # the δ the shipped row's ceiling is read at
+MODEL = "pairs"
+
+
+def wilson_upper(wrong: int, served: int, z: float = 1.96) -> float | None:
+    """The 95% upper confidence bound of a rate of `wrong` in `served` (None with nothing served)."""
+    if served == 0:
+        return None
+    p = wrong / served
+    centre = p + z * z / (2 * served)
+    spread = z * math.sqrt(p * (1 - p) / served + z * z / (4 * served * served))
+    return min(1.0, (centre + spread) / (1 + z * z / served))
+
+
+def read_pairs(path: Path, n: int, seed: int) -> list[tuple[str, str, int]]:
+    pairs = []
+    with path.open() as fh:
+        for i, line in enumerate(fh):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            a, b, label = row.get("a"), row.get("b"), row.get("label")
+            if not isinstance(a, str) or not isinstance(b, str) or label not in (0, 1):
+                raise typer.BadParameter(f"{path}:{i + 1}: needs a and b (text) and label 0 or 1")
+            if a.strip() and b.strip():
+                pairs.append((a, b, int(label)))
+    rng = random.Random(seed)
+    return rng.sample(pairs, min(n, len(pairs)))
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
+def correct_answer(pairs: list[tuple[str, str, int]], asked: int, served: int) -> bool:
+    a, _, label = pairs[asked]
+    return label == 1 and (served == asked or _norm(pairs[served][0]) == _norm(a))
+
+
+def node_settings(delta: float | None) -> TiersSettings:
+    return TiersSettings(match_delta=delta, l2_pages=0, max_text_chars=20_000)
+
+
+def node(settings: TiersSettings, entries: int) -> TieredCache:
+    """One node as the service builds it, its L1 large enough for every entry, without L2 and L3."""
+    return TieredCache(
+        l1=L1Cache(
+            dim=settings.embedding_dim,
+            capacity_bytes=max(settings.l1_capacity_bytes, entries * 8192),
+            max_entries=max(settings.l1_max_entries, 2 * entries),
+            default_tolerance=settings.default_similarity_tolerance,
+        ),
+        l2=None,
+        l3=None,
+        outbox=Outbox(clock=monotonic_ms),
+        breaker=LatencyBreaker(clock=monotonic_ms),
+        node_id="pairs",
+        matcher=Matcher(delta=settings.match_delta, default_tolerance=settings.default_similarity_tolerance),
+    )
+
+
+async def run_protocol(
+    pairs: list[tuple[str, str, int]], delta: float | None, embedder: Embedder, seed: int, progress: Progress
+) -> dict[str, Any]:
+    settings = node_settings(delta)
+    app = create_app(node(settings, len(pairs)), settings, embedder)
+    rng = random.Random(seed + 1)
+    served = correct = wrong = explored = 0
+    label = "shipped" if delta is None else f"δ = {delta}"
+    task = progress.add_task(f"{label}: put and ask", total=2 * len(pairs))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
+        for i, (a, _, _) in enumerate(pairs):
+            body = {"value": {"text": f"answer {i}"}, "model": MODEL, "embed_text": a}
+            (await http.put(f"/v1/entries/a{i}", json=body)).raise_for_status()
+            progress.advance(task)
+        order = list(range(len(pairs)))
+        rng.shuffle(order)
+        for i in order:
+            b = pairs[i][1]
+            got = (await http.post("/v1/lookup", json={"text": b, "model": MODEL})).json()
+            progress.advance(task)
+            if got.get("hit"):
+                served += 1
+                ok = correct_answer(pairs, i, int(str(got["key"])[1:]))
+                correct += ok
+                wrong += not ok
+                if rng.random() < 0.5:
+                    fb = {"key": got["key"], "text": b, "correct": ok}
+                    (await http.post("/v1/feedback", json=fb)).raise_for_status()
+            elif got.get("explore_key"):
+                explored += 1
+                key = str(got["explore_key"])
+                fb = {
+                    "key": key,
+                    "text": b,
+                    "correct": correct_answer(pairs, i, int(key[1:])),
+                    "explored": True,
+                }
+                (await http.post("/v1/feedback", json=fb)).raise_for_status()
+    positives = sum(label for _, _, label in pairs)
+    return {
+        "served": served,
+        "correct": correct,
+        "wrong": wrong,
+        "explored": explored,
+        "positives": positives,
+        "recall": correct / positives if positives else 0.0,
+        "wrong_rate": wrong / served if served else 0.0,
+        "wrong_rate_upper95": wilson_upper(wrong, served),
+    }
+
+
+def ceilings(pairs: list[tuple[str, str, int]], embedder: Embedder) -> dict[float, float]:
+    """Per δ, the most correct answers / positives any fixed threshold with the guards serves with
+    wrong <= δ * served, knowing the labels: each `b` gets its most similar `a` the guards let through."""
+    a = embedder.embed_blocking([p[0] for p in pairs])
+    b = embedder.embed_blocking([p[1] for p in pairs])
+    sims = b @ a.T
+    best: list[tuple[float, bool]] = []
+    for i in range(len(pairs)):
+        for j in np.argsort(-sims[i])[:10]:
+            if guards.check(pairs[int(j)][0], pairs[i][1]) is None:
+                best.append((float(sims[i, j]), correct_answer(pairs, i, int(j))))
+                break
+    positives = sum(label for _, _, label in pairs) or 1
+    out = {}
+    for delta in (*DELTAS, SHIPPED_DELTA):
+        top = 0.0
+        for t in np.arange(0.70, 1.0001, 0.0025):
+            chosen = [ok for s, ok in best if s >= t]
+            if chosen and (len(chosen) - sum(chosen)) <= delta * len(chosen):
+                top = max(top, sum(chosen) / positives)
+        out[delta] = top
+    return out
+
+
+def main(
+    pairs_file: Annotated[Path, typer.Option("--pairs", help="JSON lines of {a, b, label}")],
+    out: Annotated[Path, typer.Option("--out", help="Where the results go (JSON)")],
+    n: Annotated[int, typer.Option("--n", help="Pairs sampled")] = 4000,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    console = Console()
+    pairs = read_pairs(pairs_file, n, seed)
+    s = node_settings(None)
+    embedder = Embedder(
+        threads=s.embedder_threads, backend=s.embedder, max_call_texts=s.embedder_max_call_texts
+    )
+    with Progress(console=console) as progress:
+        shipped = asyncio.run(run_protocol(pairs, None, embedder, seed, progress))
+        by_delta = {str(d): asyncio.run(run_protocol(pairs, d, embedder, seed, progress)) for d in DELTAS}
+    ceiling = ceilings(pairs, embedder)
+    shipped["ceiling_recall"] = ceiling[SHIPPED_DELTA]
+    for d in DELTAS:
+        by_delta[str(d)]["ceiling_recall"] = ceiling[d]
+    result = {"pairs": str(pairs_file), "n": len(pairs), "seed": seed, **shipped, "by_delta": by_delta}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    table = Table(title=f"{pairs_file.name}: {len(pairs)} pairs, {shipped['positives']} duplicates")
+    for col in ("rule", "served", "recall", "wrong", "wrong ≤ (95%)", "ceiling recall"):
+        table.add_column(col, justify="right")
+    rows = [("shipped (0.92 + guards)", shipped)] + [(f"learned δ = {d}", by_delta[str(d)]) for d in DELTAS]
+    for name, r in rows:
+        upper = r["wrong_rate_upper95"]
+        table.add_row(
+            name,
+            str(r["served"]),
+            f"{r['recall']:.1%}",
+            f"{r['wrong_rate']:.1%}",
+            "-" if upper is None else f"{upper:.1%}",
+            f"{r['ceiling_recall']:.1%}",
+        )
+    console.print(table)
+    plot(rows, out.with_suffix(".png"), pairs_file.name)
+    console.print(f"wrote {out} and {out.with_suffix('.png')}")
+
+
+def plot(rows: list[tuple[str, dict[str, Any]]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in rows:
+        ax.scatter(100 * r["wrong_rate"], 100 * r["recall"], label=name)
+        ax.scatter(0, 100 * r["ceiling_recall"], marker="x", color="grey")
+    ax.set_xlabel("wrong among served (%)")
+    ax.set_ylabel("true duplicates served (%)")
+    ax.set_title(f"{title} (x: hindsight ceiling)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    typer.run(main)
