@@ -120,6 +120,8 @@ class Route:
 
     def started(self) -> None:
         self.engine.state.sent_blocks += max(1, len(self.keys))
+        held = 0 if self.choice is None else self.choice.held_blocks
+        self.engine.state.written_blocks += max(1, len(self.keys) - held)
         self.engine.state.in_flight += 1
         self.engine.state.pending_blocks += self.compute_blocks
 

@@ -12,8 +12,11 @@ where `held` is the instance's own prefix hit, `from_tiers` the blocks past it t
 the blocks the requests this gateway sent it are still computing (a request waits for those as it
 would for its own: the wait behind a long cold prompt is long, behind a cached one short), and
 `waiting` the requests queued in the engine that this gateway did not count (its /metrics). The
-conversation's instance wins unless another scores `affinity_slack` blocks more. Unhealthy instances are
-never chosen; with none healthy there is no choice.
+conversation's instance wins unless another scores `affinity_slack` blocks more. Equal scores (a new
+conversation that no instance holds) go to the least loaded, then to the instance that has written the
+fewest blocks into its pool (`written_blocks`: the blocks past its own prefix of every prompt sent to it),
+so the conversations' working sets spread over the pools instead of piling into the first one. Unhealthy
+instances are never chosen; with none healthy there is no choice.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class Instance:
     waiting: int = 0  # requests queued in the engine (vllm:num_requests_waiting)
     blocks: OrderedDict[str, None] = field(default_factory=OrderedDict)
     sent_blocks: int = 0  # blocks of prompt sent to it from here, ever (how fast it turns its pool over)
+    written_blocks: int = 0  # of those, past its own prefix: written into its pool (computed or loaded)
 
     def stored(self, key: str) -> None:
         self.blocks[key] = None
@@ -108,8 +112,8 @@ def choose(
         scored.append((score, held, from_tiers, inst))
     if not scored:
         return None
-    # Highest score; ties to the least loaded, then by name (deterministic).
-    scored.sort(key=lambda s: (-s[0], s[3].load, s[3].name))
+    # Highest score; ties to the least loaded, then to the pool written least, then by name.
+    scored.sort(key=lambda s: (-s[0], s[3].load, s[3].written_blocks, s[3].name))
     best_score, best_held, best_tiers, best = scored[0]
     if len(scored) == 1:
         return Choice(best.name, "only", best_held + best_tiers, best_held, best_score)

@@ -85,3 +85,16 @@ def test_removals_and_clears_and_a_bounded_memory() -> None:
     assert b.prefix(KEYS) == 2
     b.cleared()
     assert b.prefix(KEYS) == 0
+
+
+def test_new_conversations_spread_over_the_pools() -> None:
+    # Nothing held anywhere and nothing in flight: every score is 0. The instance that has written fewer
+    # blocks into its pool takes the new conversation, so working sets do not pile into the first pool.
+    a, b = Instance("a", written_blocks=40), Instance("b", written_blocks=10)
+    choice = choose([a, b], KEYS, tiers_held=0)
+    assert choice is not None and (choice.instance, choice.reason) == ("b", "load")
+    b.written_blocks = 50
+    assert choose([a, b], KEYS, tiers_held=4).instance == "a"  # type: ignore[union-attr]
+    # load still comes first: a request in flight outweighs a lighter pool
+    a.in_flight = 1
+    assert choose([a, b], KEYS, tiers_held=0).instance == "b"  # type: ignore[union-attr]
