@@ -87,8 +87,8 @@ class TiersSettings(ServiceSettings):
     default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
     # The match decision (services/tiers/node/matcher.py). None: the fixed floor above (or the entry's
     # or request's, the stricter) plus the guards. A number: the threshold learned from feedback with
-    # that bound δ on the rate of wrong answers served (matching/threshold.py; not yet the default: it
-    # does not meet its targets in bench/semantic.py).
+    # that bound δ on the rate of wrong answers served (matching/threshold.py): nothing is served by
+    # similarity until the labels (feedback, explorations) certify δ at 95% confidence.
     match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
     # With match_delta set: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
     match_delta_by: dict[str, Annotated[float, Field(gt=0.0, lt=0.5)]] = Field(default_factory=dict)

@@ -7,7 +7,8 @@ Default (`delta` None): a fixed cosine floor plus the guards. The floor is the s
 the entry's prompt text are known; a lookup by embedding alone skips them. Feedback is recorded per
 entry: an entry rated wrong at similarity s is not served at or below s again.
 Learned (`delta` set): matching/threshold.py's threshold at that δ (the pooled sigmoid of
-matching/calibration.py; δ per model from `deltas`), explored with its probability; an
+matching/calibration.py; δ per model from `deltas`), explored with its probability: a cold pool
+(fewer than 20 labels) serves nothing by similarity, it explores until its labels certify δ; an
 entry's tolerance is then a floor only when it differs from the node's default (a stored default would
 cap the learned threshold at the old fixed one). The learner's state lives in this process only.
 Semantic invalidation always uses the fixed rule (the write's threshold plus the guards): a write must

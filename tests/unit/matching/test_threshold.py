@@ -77,7 +77,25 @@ def test_served_wrong_rate_stays_below_delta_and_it_serves(delta: float, share: 
     assert wrong / served <= delta
 
 
-def test_cold_learner_uses_the_conservative_threshold() -> None:
+def test_a_cold_pool_serves_nothing_by_similarity_and_explores() -> None:
+    # What the node does not know counts as risk: not even a near-identical prompt is served cold.
+    learner = ThresholdLearner(delta=0.02)
+    assert learner.cold and learner.thresholds(None)[0] == math.inf
+    assert learner.assess(None, 0.999, 0.99).action == "miss"
+    assert learner.assess(None, 0.999, 0.0).action == "explore"
+    assessment = learner.assess(None, 0.95, 0.99)
+    assert "cold: 0 of 20 labels" in assessment.reason
+    # Once evidence says so (many right answers above 0.9, a few wrong below), it serves there.
+    for i in range(400):
+        learner.observe(EntryThreshold(), 0.9 + 0.099 * (i % 100) / 100, True, explored=True)
+        learner.observe(EntryThreshold(), 0.6 + 0.2 * (i % 100) / 100, False, explored=True)
+    assert not learner.cold
+    serve_from = learner.thresholds(None)[0]
+    assert 0.8 <= serve_from <= 0.95
+    assert learner.assess(None, 0.97, 0.99).action == "serve"
+
+
+def test_a_cold_threshold_set_by_the_deployment_serves_a_cold_pool() -> None:
     learner = ThresholdLearner(cold_threshold=0.97)
     assert learner.cold
     assert learner.assess(None, 0.975, 0.99).action == "serve"

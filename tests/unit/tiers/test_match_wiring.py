@@ -161,10 +161,15 @@ async def test_a_delta_switches_on_the_learned_decision() -> None:
     await rig.cache.put(
         EntryMeta(key="k", kind="prompt", model="m", embedding=base), encode_text("v", model="m")
     )
-    # Cold: served only from matching/threshold.py's cold threshold (0.97), explored below it.
-    results = [await rig.cache.get(embedding=at_cosine(RNG, base, 0.95)) for _ in range(20)]
+    # Cold: nothing is served by similarity, not even at 0.99; candidates are explored.
+    results = [await rig.cache.get(embedding=at_cosine(RNG, base, 0.99)) for _ in range(20)]
     assert not any(r.hit for r in results)
     assert {r.explore_key for r in results} == {None, "k"}
+    # Explorations' labels (right above 0.9, wrong below 0.8) warm the pool: then it serves at 0.98.
+    other = EntryMeta(key="o", kind="prompt", model="m", embedding=unit(RNG, DIM))
+    for i in range(300):
+        rig.cache.matcher.feedback(other, 0.9 + 0.099 * (i % 100) / 100, correct=True, explored=True)
+        rig.cache.matcher.feedback(other, 0.6 + 0.2 * (i % 100) / 100, correct=False, explored=True)
     assert (await rig.cache.get(embedding=at_cosine(RNG, base, 0.98))).hit
     assert TiersSettings().match_delta is None
 
