@@ -4,7 +4,9 @@ value of a `prompt` entry), and the response a hit gives back under a fresh id a
 from __future__ import annotations
 
 import json
+import re
 import secrets
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,3 +51,32 @@ def error_body(
 ) -> dict[str, Any]:
     """An error in the OpenAI shape, so clients raise their usual exceptions with the message."""
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def answer_text(answer: Mapping[str, Any]) -> str | None:
+    """The first choice's text (a chat message's content or a completion's text), or None."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    choice = choices[0]
+    message = choice.get("message")
+    text = message.get("content") if isinstance(message, dict) else choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def answers_agree(fresh: str, cached: str, min_f1: float = 0.8) -> bool:
+    """Whether the model's fresh answer says what the cached one says: the same words after casefolding
+    (punctuation and spacing aside), or a word overlap F1 of at least `min_f1` with the same numbers.
+    A cheap check, strict on purpose: a disagreement only costs the entry an exploration label."""
+    a, b = _WORD.findall(fresh.casefold()), _WORD.findall(cached.casefold())
+    if a == b:
+        return True
+    if not a or not b or sorted(_NUMBER.findall(fresh)) != sorted(_NUMBER.findall(cached)):
+        return False
+    common = sum((Counter(a) & Counter(b)).values())
+    precision, recall = common / len(a), common / len(b)
+    return common > 0 and 2 * precision * recall / (precision + recall) >= min_f1

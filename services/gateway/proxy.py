@@ -9,6 +9,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -24,7 +25,7 @@ from schemas.events import (
     Event,
     access_batch,
 )
-from services.gateway.answers import as_served, error_body, response_id
+from services.gateway.answers import answer_text, answers_agree, as_served, error_body, response_id
 from services.gateway.conversations import Conversations, Served, ServedAnswers
 from services.gateway.engines import Engines
 from services.gateway.engines import Route as EngineRoute
@@ -97,9 +98,10 @@ class Proxy:
         self.counts: dict[str, int] = {
             "hit": 0, "miss": 0, "bypass": 0, "lookup_timeout": 0, "lookup_error": 0,
             "upstream_errors": 0, "stores_skipped": 0, "publish_errors": 0, "hedged": 0,
-            "hedge_won_by_upstream": 0, "rerouted": 0,
+            "hedge_won_by_upstream": 0, "rerouted": 0, "explore_agreed": 0, "explore_disagreed": 0,
+            "explore_errors": 0,
         }  # fmt: skip
-        self._stores: set[asyncio.Task[bool]] = set()
+        self._stores: set[asyncio.Task[Any]] = set()
         self._emits: set[asyncio.Task[None]] = set()
 
     def _count(self, name: str) -> None:
@@ -155,6 +157,9 @@ class Proxy:
                 self._count("hit")
                 return self._serve(req, found.hit, prompt)
             self._note_miss(found, out)
+            if entry is not None and found.explore_key and found.explore_answer is not None:
+                if self.settings.label_explorations:  # `forward` stores with it: the answers are compared
+                    entry = replace(entry, explored=(found.explore_key, found.explore_answer))
             return await forward()
         except UpstreamUnavailable as exc:
             self._count("upstream_errors")
@@ -390,6 +395,26 @@ class Proxy:
         task = asyncio.create_task(self.cache.store(entry, answer))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
+        if entry.explored is not None:
+            label = asyncio.create_task(self._label_exploration(entry, answer))
+            self._stores.add(label)
+            label.add_done_callback(self._stores.discard)
+
+    async def _label_exploration(self, entry: Entry, answer: Mapping[str, Any]) -> None:
+        """Whether the model's answer agrees with the explored candidate's, as a label for the node."""
+        assert entry.explored is not None
+        key, stored = entry.explored
+        fresh, cached = answer_text(answer), answer_text(stored)
+        if fresh is None or cached is None or entry.prompt is None:
+            return
+        agree = answers_agree(fresh, cached)
+        try:
+            status, _ = await self.cache.feedback(key, entry.prompt, agree, explored=True)
+        except httpx.HTTPError as exc:
+            log.warning("an exploration's label was not delivered: %r", exc)
+            status = 599
+        outcome = "explore_agreed" if agree else "explore_disagreed"
+        self._count(outcome if status < 400 else "explore_errors")
 
     async def drain(self, timeout_s: float = 2.0) -> None:
         """Let the writes and events in flight finish (bounded), then cancel the rest."""

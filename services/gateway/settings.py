@@ -109,6 +109,11 @@ class GatewaySettings(ServiceSettings):
     # other tenants or contexts that ask the same question are not this answer's to replace.
     invalidate_threshold: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
     ttl_hint_ms: Annotated[int, Field(gt=0)] = 24 * 3_600_000
+    # A miss the tier node wants explored (its learned decision's grey zone, sampled at its explore
+    # rate: the exploration budget) is a label without a human: the model's answer is compared with the
+    # candidate's stored one (services/gateway/answers.py `answers_agree`) and the result goes back to
+    # the node (POST /v1/feedback, explored). It costs one comparison and one call, after the answer.
+    label_explorations: bool = True
     # Prompts longer than this are matched by exact key only (the tier node embeds at most 8192 chars).
     max_semantic_chars: Annotated[int, Field(gt=0)] = 8_192
 

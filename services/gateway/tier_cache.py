@@ -46,6 +46,7 @@ class LookupResult:
     latency_ms: float
     hit: CachedAnswer | None = None
     explore_key: str | None = None
+    explore_answer: dict[str, Any] | None = None  # that entry's stored answer, to compare with the model's
     miss_rule: str | None = None  # why the node served none: the rule that refused its best candidate
     best_similarity: float | None = None  # that candidate's
 
@@ -60,6 +61,9 @@ class Entry:
     trace_id: str | None
     ttl_hint_ms: int
     tags: Mapping[str, str]
+    # A miss the node wants explored: (its candidate's key, its stored answer), to compare with the
+    # model's answer once it came.
+    explored: tuple[str, Mapping[str, Any]] | None = None
 
 
 class TierCache:
@@ -121,6 +125,7 @@ class TierCache:
             return result(
                 "miss",
                 explore_key=explore,
+                explore_answer=_stored(data.get("explore_value")) if explore else None,
                 miss_rule=str(rule) if rule is not None else None,
                 best_similarity=float(near) if isinstance(near, int | float) else None,
             )
@@ -180,14 +185,21 @@ class TierCache:
         self.counts["stored"] += 1
         return True
 
-    async def feedback(self, key: str, text: str, correct: bool) -> tuple[int, Any]:
+    async def feedback(
+        self, key: str, text: str, correct: bool, *, explored: bool = False
+    ) -> tuple[int, Any]:
         """The tier node's feedback route; its status and body, as they are."""
-        response = await self.http.post("/v1/feedback", json={"key": key, "text": text, "correct": correct})
+        body = {"key": key, "text": text, "correct": correct, "explored": explored}
+        response = await self.http.post("/v1/feedback", json=body)
         return response.status_code, _body(response)
 
     async def delete(self, key: str) -> bool:
         response = await self.http.delete("/v1/entries/" + quote(key, safe=""))
         return response.status_code == 200 and bool(_body(response).get("deleted"))
+
+
+def _stored(value: Any) -> dict[str, Any] | None:
+    return decode_answer(value.get("text")) if isinstance(value, dict) else None
 
 
 def _body(response: httpx.Response) -> Any:

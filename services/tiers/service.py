@@ -190,6 +190,7 @@ class TiersService(Service):
                 delta=s.match_delta,
                 default_tolerance=s.default_similarity_tolerance,
                 deltas=dict(s.match_delta_by),
+                explore_rate=s.match_explore_rate,
             ),
             degrade=self._degrade_guard(),
         )

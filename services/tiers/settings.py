@@ -92,6 +92,10 @@ class TiersSettings(ServiceSettings):
     match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
     # With match_delta set: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
     match_delta_by: dict[str, Annotated[float, Field(gt=0.0, lt=0.5)]] = Field(default_factory=dict)
+    # With match_delta set: the exploration budget, the chance that a candidate in the grey zone (below
+    # its serving threshold, above 0.7) is explored: the lookup misses with explore_key, and the caller
+    # (the gateway does) reports whether the model's answer agreed. Labels come faster at a higher rate.
+    match_explore_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
 
     # --- request bounds ----------------------------------------------------------------------
     max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20

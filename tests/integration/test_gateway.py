@@ -24,6 +24,7 @@ from bench._openai_upstream import UpstreamDouble, answer_for, serving_upstream
 from schemas.events import ConversationEnded, ConversationStarted
 from schemas.topics import qualified
 from schemas.wire import decode
+from services.gateway.answers import answers_agree
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings
 from services.tiers.service import TiersService
@@ -65,9 +66,13 @@ class Mesh:
 @pytest.fixture
 def gateway_mesh(kafka, namespace, topics_on, node_settings) -> Callable[..., Any]:  # type: ignore[no-untyped-def]
     @contextlib.asynccontextmanager
-    async def make(tiers_url: str | None = None, **overrides: Any) -> AsyncIterator[Mesh]:
+    async def make(
+        tiers_url: str | None = None, node: dict[str, Any] | None = None, **overrides: Any
+    ) -> AsyncIterator[Mesh]:
         await topics_on(kafka)
-        node_cm = running(node_settings("gw", embedder_preload=True, l3_breaker_p99_ms=10_000.0))
+        node_cm = running(
+            node_settings("gw", embedder_preload=True, l3_breaker_p99_ms=10_000.0, **(node or {}))
+        )
         async with node_cm as node, serving_upstream() as upstream:
             # The model loads once per node; lookups are timed from then on.
             await until(lambda: node.embedder.state in ("ready", "failed"), timeout_s=120, step_s=0.05)
@@ -152,6 +157,27 @@ def first_key(mesh: Mesh, text: str) -> str:
     from services.gateway.requests import normalise_chat
 
     return normalise_chat({"model": mesh.model, "messages": [{"role": "user", "content": text}]}).key
+
+
+async def test_an_explored_miss_becomes_a_label_for_the_tier_node(gateway_mesh) -> None:
+    # The node's learned decision (δ 2%) is cold: it serves nothing by similarity and explores every
+    # grey-zone candidate here (budget 1.0). The gateway compares the model's answer with the candidate's
+    # and reports whether they agree: a label without a human, in the node's pool.
+    async with gateway_mesh(node={"match_delta": 0.02, "match_explore_rate": 1.0}) as mesh:
+        await mesh.chat(RESET)
+        await until(lambda: mesh.stored == 1, timeout_s=60)
+        headers, para = await mesh.chat(PARAPHRASE)
+        assert headers["x-cachemesh-cache"] == "miss" and headers["x-cachemesh-miss"].startswith("uncertain")
+        assert para.choices[0].message.content == answer_for(PARAPHRASE)
+        assert mesh.gateway.proxy is not None
+        counts = mesh.gateway.proxy.counts
+        await until(lambda: counts["explore_agreed"] + counts["explore_disagreed"] == 1, timeout_s=60)
+        # The node holds the gateway's verdict on the two answers as an exploration label.
+        agree = answers_agree(answer_for(PARAPHRASE), answer_for(RESET))
+        assert counts["explore_agreed" if agree else "explore_disagreed"] == 1
+        learner = mesh.node.cache.matcher.decision.learner
+        assert learner.pool_labels == [agree] and learner.pool_explored == [True]
+        assert learner.pool_sims[0] >= 0.9
 
 
 async def test_streaming_misses_are_relayed_and_stored_and_hits_stream_back(gateway_mesh) -> None:

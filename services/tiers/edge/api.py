@@ -205,6 +205,11 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
         "descriptor": None if entry is None else entry.meta.as_dict(),
         "value": _value_dict(entry.blob) if entry is not None and include_value else None,
         "value_omitted": omitted,
+        "explore_value": (
+            _value_dict(result.explore_entry.blob)
+            if result.explore_entry is not None and include_value
+            else None
+        ),
     }
 
 

@@ -185,6 +185,11 @@ class LookupOut(BaseModel):
     descriptor: DescriptorOut | None = None
     value: ValueOut | None = None
     value_omitted: bool = False
+    explore_value: ValueOut | None = Field(
+        default=None,
+        description="with explore_key (and include_value): that entry's value, to compare with the "
+        "model's answer",
+    )
 
 
 class BatchOut(BaseModel):

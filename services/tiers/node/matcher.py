@@ -48,6 +48,7 @@ class Matcher:
         seed: int = 0,
         max_states: int = 100_000,
         deltas: dict[str, float] | None = None,
+        explore_rate: float = 0.3,
     ) -> None:
         self.delta = delta
         self.default_tolerance = default_tolerance
@@ -56,7 +57,7 @@ class Matcher:
             self.decision = _fixed_decision()
         else:
             # The pooled sigmoid: the most paraphrase hits within δ in bench/semantic.py.
-            learner = ThresholdLearner(delta=delta, model="sigmoid")
+            learner = ThresholdLearner(delta=delta, model="sigmoid", explore_rate=explore_rate)
             table = DeltaTable(deltas or {})
             self.decision = MatchDecision(learner, random.Random(seed).random, deltas=table)
         self._invalidation = _fixed_decision()

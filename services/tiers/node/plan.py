@@ -61,6 +61,9 @@ class Lookup(NamedTuple):  # a tuple: one is built per lookup (0.26 us; a frozen
     # candidate's. None for a hit or a lookup by key alone.
     miss_rule: str | None = None
     miss_reason: str | None = None
+    # The entry to explore (`explore_key`'s): its value goes out with the miss, so the caller compares
+    # answers without a second read (which would count as a hit).
+    explore_entry: Entry | None = None
 
     @property
     def hit(self) -> bool:

@@ -688,6 +688,7 @@ class TierReads:
                     latency_us=latency_us,
                     degraded=degraded,
                     explore_key=explore.entry.key,
+                    explore_entry=explore.entry,
                     miss_rule="uncertain",
                     miss_reason="explored: ask the model and report whether it agrees",
                 )

@@ -170,6 +170,49 @@ async def test_a_miss_says_which_rule_refused_the_nearest_answer(gateway) -> Non
     assert r.headers["x-cachemesh-miss"] == "guard:instruction; similarity 0.9331"
 
 
+def _with_content(content: str) -> dict[str, Any]:
+    choice = {**ANSWER["choices"][0], "message": {"role": "assistant", "content": content}}
+    return {**ANSWER, "choices": [choice]}
+
+
+@pytest.mark.parametrize(
+    ("cached", "agreed"), [("Use the reset link!", True), ("Call the help desk on 555.", False)]
+)
+async def test_an_explored_miss_becomes_a_label_for_the_node(gateway, cached: str, agreed: bool) -> None:
+    # The node explores its candidate: the model answers, the gateway compares the answers and tells the
+    # node whether they agree (a label without a human), besides storing the fresh answer.
+    client, world = await gateway()
+    world.lookup = {
+        "hit": False,
+        "similarity": 0.93,
+        "miss_rule": "uncertain",
+        "explore_key": "gw:chat:near",
+        "explore_value": {"text": encode_answer(_with_content(cached))},
+    }
+    r = await client.post("/v1/chat/completions", json=chat())
+    assert (
+        r.status_code == 200 and r.json() == ANSWER and r.headers["x-cachemesh-miss"].startswith("uncertain")
+    )
+    await world.proxy.drain()  # type: ignore[union-attr]
+    (label,) = [json.loads(q.content) for q in world.tier_requests if q.url.path == "/v1/feedback"]
+    assert label == {
+        "key": "gw:chat:near",
+        "text": "How do I reset my password?",
+        "correct": agreed,
+        "explored": True,
+    }
+    assert world.proxy.counts["explore_agreed" if agreed else "explore_disagreed"] == 1  # type: ignore[union-attr]
+    assert len(world.puts()) == 1
+
+
+async def test_exploration_labels_can_be_switched_off(gateway) -> None:
+    client, world = await gateway(label_explorations=False)
+    world.lookup = {"hit": False, "explore_key": "k", "explore_value": {"text": encode_answer(ANSWER)}}
+    await client.post("/v1/chat/completions", json=chat())
+    await world.proxy.drain()  # type: ignore[union-attr]
+    assert not [q for q in world.tier_requests if q.url.path == "/v1/feedback"]
+
+
 async def test_a_hit_is_answered_by_the_gateway_json_and_sse(gateway) -> None:
     client, world = await gateway(stream_chunk_chars=4)
     world.lookup = _hit()
@@ -344,7 +387,12 @@ async def test_feedback_by_response_id(gateway) -> None:
         "tier_feedback": {"labels": 1, "similarity": 0.97},
     }
     sent = json.loads(world.tier_requests[-1].content)
-    assert sent == {"key": "gw:chat:abc", "text": "How can I reset my password?", "correct": False}
+    assert sent == {
+        "key": "gw:chat:abc",
+        "text": "How can I reset my password?",
+        "correct": False,
+        "explored": False,
+    }
     r = await client.post("/v1/cachemesh/feedback", json={"response_id": exact["id"]})
     assert r.json()["evicted"] is True and world.tier_requests[-1].method == "DELETE"
     assert (await client.post("/v1/cachemesh/feedback", json={"response_id": "x"})).status_code == 404
