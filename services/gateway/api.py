@@ -5,7 +5,6 @@ before it is read whole; an optional bearer token guards every /v1 route."""
 
 # No `from __future__ import annotations`: FastAPI reads the route functions' annotations at runtime.
 import hmac
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +15,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from services.gateway.answers import error_body
 from services.gateway.proxy import REQUEST_MS, Proxy, problem
+from services.gateway.requests import BadRequest, parse_body
 from services.gateway.settings import GatewaySettings
 from services.runtime.docs import serve_docs
 from services.runtime.metrics import child
@@ -76,11 +76,11 @@ def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dic
     @app.post("/v1/cachemesh/feedback", summary="That answer was wrong (or right)")
     async def feedback(request: Request) -> Response:
         try:
-            body = json.loads(await read_body(request, 64 * 1024))
+            body = parse_body(await read_body(request, 64 * 1024))
         except PayloadTooLarge as exc:
             return problem(413, str(exc), kind="invalid_request_error", code="payload_too_large")
-        except ValueError:
-            return problem(400, "the body is not valid JSON", kind="invalid_request_error")
+        except BadRequest as exc:
+            return problem(400, str(exc), kind="invalid_request_error")
         return await proxy.feedback(body)
 
     @app.delete(

@@ -37,6 +37,7 @@ from services.gateway.requests import (
     check_tenant,
     normalise_chat,
     normalise_completion,
+    parse_body,
 )
 from services.gateway.settings import GatewaySettings
 from services.gateway.sse import DONE, SseParser, assemble, replay
@@ -112,10 +113,7 @@ class Proxy:
 
     async def complete(self, route: Route, raw: bytes, headers: Mapping[str, str]) -> Response:
         try:
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                raise BadRequest("the body is not valid JSON") from None
+            body = parse_body(raw)
             tenant = check_tenant(headers.get(TENANT_HEADER))
             req = (
                 normalise_chat(body, tenant, self.settings.max_messages)
@@ -541,7 +539,11 @@ class Proxy:
         correct = body.get("correct", False)
         if not isinstance(correct, bool):
             return problem(400, "correct must be true or false", kind="invalid_request_error")
-        served = self.served.get(str(body["response_id"])) if body.get("response_id") else None
+        for name, kind in (("response_id", str), ("key", str), ("text", str), ("evict", bool)):
+            if body.get(name) is not None and not isinstance(body[name], kind):
+                what = "a string" if kind is str else "true or false"
+                return problem(400, f"{name} must be {what}", kind="invalid_request_error")
+        served = self.served.get(body["response_id"]) if body.get("response_id") else None
         if body.get("response_id") and served is None:
             return problem(404, "no answer served from the cache under that response_id", kind="not_found")
         key = body.get("key") or (served.key if served else None)

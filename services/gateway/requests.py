@@ -19,6 +19,7 @@ IGNORED_PARAMS = frozenset(
 )
 _FLOAT_PARAMS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 MAX_MODEL_CHARS = 200
+MAX_DEPTH = 64  # JSON nesting a request may have (OpenAI's bodies need fewer than 10 levels)
 TENANT = re.compile(r"^[A-Za-z0-9._\-]{1,64}$")
 
 
@@ -29,6 +30,36 @@ class BadRequest(ValueError):
         super().__init__(message)
         self.status = status
         self.param = param
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"{name} is not a JSON number")
+
+
+def parse_body(raw: bytes, max_depth: int = MAX_DEPTH) -> Any:
+    """The JSON of a request body: standard JSON only (no NaN or Infinity), nested at most `max_depth`
+    deep (a deeper body is refused before anything walks it recursively)."""
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest(f"the body nests deeper than {max_depth} levels") from None
+    except BadRequest:
+        raise
+    except ValueError:
+        raise BadRequest("the body is not valid JSON") from None
+    level, depth = [body], 0
+    while level:
+        depth += 1
+        if depth > max_depth:
+            raise BadRequest(f"the body nests deeper than {max_depth} levels")
+        level = [
+            child
+            for node in level
+            if isinstance(node, dict | list)
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, dict | list)
+        ]
+    return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +110,12 @@ def _message(raw: Any, i: int) -> dict[str, Any]:
     if not isinstance(role, str) or not role:
         raise BadRequest(f"messages[{i}] has no role", param=f"messages[{i}].role")
     out = {k: v for k, v in raw.items() if v is not None}
-    text = _text_of(raw.get("content"))
+    content = raw.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise BadRequest(
+            f"messages[{i}].content must be a string or a list of parts", param=f"messages[{i}].content"
+        )
+    text = _text_of(content)
     if text is not None:
         out["content"] = text.strip()  # surrounding whitespace never changes the question
     return out

@@ -421,3 +421,30 @@ async def test_models_pass_through(gateway) -> None:
     world.upstream = models
     r = await client.get("/v1/models")
     assert r.json()["data"] == [{"id": "m"}] and world.upstream_requests[0].url.path == "/v1/models"
+
+
+async def test_bad_bodies_get_a_400_with_the_reason_never_a_500(gateway) -> None:
+    client, world = await gateway()
+    deep = b'{"model": "m", "messages": ' + b"[" * 1000 + b"]" * 1000 + b"}"
+    for raw, reason in (
+        (deep, "nests deeper"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+            "Infinity",
+        ),
+        (b'{"model": "m", "messages": [{"role": "user", "content": 123}]}', "content"),
+    ):
+        r = await client.post(
+            "/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+        )
+        assert r.status_code == 400 and reason in r.json()["error"]["message"]
+    for body, reason in (
+        ({"response_id": {"a": 1}}, "response_id must be a string"),
+        ({"key": "k", "text": 5}, "text must be a string"),
+        ({"key": "k", "evict": "yes"}, "evict must be true or false"),
+    ):
+        r = await client.post("/v1/cachemesh/feedback", json=body)
+        assert r.status_code == 400 and reason in r.json()["error"]["message"]
+    r = await client.post("/v1/cachemesh/feedback", content=b"[" * 5000 + b"]" * 5000)
+    assert r.status_code == 400
+    assert not world.upstream_requests  # nothing bad was passed on

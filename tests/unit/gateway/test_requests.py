@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from services.gateway.requests import BadRequest, check_tenant, normalise_chat, normalise_completion
+from services.gateway.requests import (
+    BadRequest,
+    check_tenant,
+    normalise_chat,
+    normalise_completion,
+    parse_body,
+)
 
 
 def chat(content: str = "How do I reset my password?", **kw: Any) -> dict[str, Any]:
@@ -117,6 +123,7 @@ def test_flags() -> None:
         (chat(n=0), 400, "n must"),
         (chat(temperature="hot"), 400, "temperature"),
         (chat(seed=1.5), 400, "seed"),
+        ({"model": "m", "messages": [{"role": "user", "content": 123}]}, 400, r"messages\[0\]\.content"),
         ({"model": "m", "messages": chat()["messages"] * 5}, 413, "limit is 4"),
     ],
 )
@@ -124,6 +131,28 @@ def test_bad_chat_input(body: Any, status: int, fragment: str) -> None:
     with pytest.raises(BadRequest, match=fragment) as caught:
         normalise_chat(body, max_messages=4)
     assert caught.value.status == status
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b'{"model": "m", "temperature": Infinity}', "Infinity is not a JSON number"),
+        (b'{"model": "m", "temperature": NaN}', "NaN is not a JSON number"),
+        (b"[" * 1000 + b"]" * 1000, "nests deeper than 64"),
+        (b"[" * 100_000 + b"]" * 100_000, "nests deeper than 64"),
+        (b'{"a": ' * 70 + b"1" + b"}" * 70, "nests deeper than 64"),
+        (b"{not json", "not valid JSON"),
+    ],
+)
+def test_bodies_that_are_not_plain_json_are_refused(raw: bytes, fragment: str) -> None:
+    with pytest.raises(BadRequest, match=fragment) as caught:
+        parse_body(raw)
+    assert caught.value.status == 400
+
+
+def test_plain_json_within_the_depth_passes() -> None:
+    assert parse_body(b'{"a": [[{"b": 1.5}]]}') == {"a": [[{"b": 1.5}]]}
+    assert parse_body(b"[" * 64 + b"]" * 64) is not None
 
 
 def test_completion() -> None:
