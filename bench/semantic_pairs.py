@@ -12,7 +12,11 @@ every entry), first in its shipped configuration (top level of OUT), then learne
 and 0.05 (`"by_delta"`). Each row: served, correct, wrong, positives, recall (correct / positives),
 wrong_rate (wrong / served), its 95% Wilson upper bound, and `ceiling_recall`: what the best fixed
 threshold (with the guards) chosen knowing the labels reaches with wrong <= δ under the same protocol
-(0 where none does; for the shipped row, δ = 0.02). Prints the table, draws OUT's .png beside it.
+(0 where none does; for the shipped row, δ = 0.02). Beside them, `served_repeats` / `wrong_repeats`:
+answers served because the asked `b` is itself the text of a cached `a` (of another pair: the public
+sets reuse sentences), which any cache serves and the protocol counts wrong unless it is the pair's own
+answer; and `by_similarity`, the same counts without those repeats: the semantic decision's own.
+Prints the table, draws OUT's .png beside it.
 """
 
 from __future__ import annotations
@@ -110,7 +114,7 @@ async def run_protocol(
     settings = node_settings(delta)
     app = create_app(node(settings, len(pairs)), settings, embedder)
     rng = random.Random(seed + 1)
-    served = correct = wrong = explored = 0
+    served = correct = wrong = explored = repeats = wrong_repeats = 0
     label = "shipped" if delta is None else f"δ = {delta}"
     task = progress.add_task(f"{label}: put and ask", total=2 * len(pairs))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
@@ -126,9 +130,15 @@ async def run_protocol(
             progress.advance(task)
             if got.get("hit"):
                 served += 1
-                ok = correct_answer(pairs, i, int(str(got["key"])[1:]))
+                j = int(str(got["key"])[1:])
+                ok = correct_answer(pairs, i, j)
                 correct += ok
                 wrong += not ok
+                # The same text as another pair's `a`: served as a repeat, not by similarity (any cache
+                # serves it); the protocol still counts it wrong unless it is this pair's answer.
+                if _norm(pairs[j][0]) == _norm(b):
+                    repeats += 1
+                    wrong_repeats += not ok
                 if rng.random() < 0.5:
                     fb = {"key": got["key"], "text": b, "correct": ok}
                     (await http.post("/v1/feedback", json=fb)).raise_for_status()
@@ -152,6 +162,14 @@ async def run_protocol(
         "recall": correct / positives if positives else 0.0,
         "wrong_rate": wrong / served if served else 0.0,
         "wrong_rate_upper95": wilson_upper(wrong, served),
+        "served_repeats": repeats,  # of `served`: the asked text itself was cached (another pair's `a`)
+        "wrong_repeats": wrong_repeats,
+        "by_similarity": {  # what the semantic decision served: repeats of a cached text left out
+            "served": served - repeats,
+            "wrong": wrong - wrong_repeats,
+            "wrong_rate": (wrong - wrong_repeats) / (served - repeats) if served > repeats else 0.0,
+            "wrong_rate_upper95": wilson_upper(wrong - wrong_repeats, served - repeats),
+        },
     }
 
 
@@ -202,7 +220,15 @@ def main(
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     table = Table(title=f"{pairs_file.name}: {len(pairs)} pairs, {shipped['positives']} duplicates")
-    for col in ("rule", "served", "recall", "wrong", "wrong ≤ (95%)", "ceiling recall"):
+    for col in (
+        "rule",
+        "served",
+        "recall",
+        "wrong",
+        "wrong ≤ (95%)",
+        "by similarity: served, wrong",
+        "ceiling recall",
+    ):
         table.add_column(col, justify="right")
     rows = [("shipped (0.92 + guards)", shipped)] + [(f"learned δ = {d}", by_delta[str(d)]) for d in DELTAS]
     for name, r in rows:
@@ -213,6 +239,7 @@ def main(
             f"{r['recall']:.1%}",
             f"{r['wrong_rate']:.1%}",
             "-" if upper is None else f"{upper:.1%}",
+            f"{r['by_similarity']['served']}, {r['by_similarity']['wrong_rate']:.1%}",
             f"{r['ceiling_recall']:.1%}",
         )
     console.print(table)
