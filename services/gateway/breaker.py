@@ -72,6 +72,15 @@ class FailureBreaker:
         self.rejected += 1
         return False
 
+    def available(self) -> bool:
+        """Would `allow()` let a call through now? Asks without taking the half-open probe: choosing among
+        instances or reporting health must not use up the one call that would close the breaker."""
+        if self.state == "closed":
+            return True
+        if self.state == "open":
+            return self.clock() - self._opened_at >= self.cooldown_ms
+        return not self._probe_out
+
     def retry_after_ms(self) -> int:
         """How long until the next probe may go (0 when closed)."""
         if self.state == "closed":

@@ -198,7 +198,7 @@ class Engines:
         """The engine for a request (never one in `exclude`, nor one whose breaker is open while another
         is not); with one engine, that one."""
         for engine in self.engines:
-            engine.state.healthy = engine.name not in exclude and engine.upstream.breaker.allow()
+            engine.state.healthy = engine.name not in exclude and engine.upstream.breaker.available()
         candidates = [e for e in self.engines if e.state.healthy] or [
             e for e in self.engines if e.name not in exclude
         ]
@@ -345,7 +345,7 @@ class Engines:
                 {
                     "name": e.name,
                     "engine_id": e.engine_id,
-                    "healthy": e.upstream.breaker.allow(),
+                    "healthy": e.upstream.breaker.available(),
                     "in_flight": e.state.in_flight,
                     "pending_blocks": e.state.pending_blocks,
                     "waiting": e.state.waiting,

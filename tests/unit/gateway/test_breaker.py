@@ -104,3 +104,19 @@ def test_an_abandoned_probe_lets_the_next_one_go() -> None:
     closed = breaker(clock)
     closed.abandon()
     assert closed.state == "closed" and closed.allow()
+
+
+def test_available_asks_without_taking_the_probe() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(3):
+        b.allow()
+        b.record(False)
+    assert not b.available()
+    clock.ms = 1000
+    # Asked any number of times (routing looks at every instance, health reads it): the probe stays.
+    assert b.available() and b.available()
+    assert b.allow() and b.state == "half_open"
+    assert not b.available() and not b.allow()
+    b.record(True)
+    assert b.state == "closed" and b.available()

@@ -78,6 +78,29 @@ async def test_an_unreachable_instance_is_left_out_and_the_next_answers() -> Non
     assert again.headers["x-cachemesh-instance"] == "b" and engines.engines[0].upstream.calls == 1
 
 
+async def test_an_instance_that_recovers_is_put_back_by_its_first_probe() -> None:
+    """Choosing among instances looks at every breaker without taking a half-open one's probe: the
+    request routed there is that probe, and its answer closes the breaker."""
+    now = [0]
+    calls = [0]
+
+    async def flaky(request: httpx.Request) -> httpx.Response:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise httpx.ConnectError("connection refused", request=request)
+        return httpx.Response(200, json=ANSWER)
+
+    a, b = engine("a", flaky), engine("b", answers)
+    a.upstream.breaker.clock = lambda: now[0]
+    engines = Engines([a, b], tokens=None, model=None, block_size=16)
+    assert (await ask(engines)).headers["x-cachemesh-instance"] == "b"
+    assert a.upstream.breaker.state == "open"
+    now[0] = 60_000  # the cooldown is over: a may be probed
+    response = await ask(engines)
+    assert response.status_code == 200 and response.headers["x-cachemesh-instance"] == "a"
+    assert a.upstream.breaker.state == "closed" and a.upstream.breaker.rejected == 0
+
+
 async def test_with_every_instance_unreachable_the_answer_is_a_502() -> None:
     engines = Engines([engine("a", refused), engine("b", refused)], tokens=None, model=None, block_size=16)
     response = await ask(engines)
