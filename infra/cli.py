@@ -27,7 +27,7 @@ app.add_typer(schemas_app, name="schemas")
 
 console = Console(stderr=True)
 
-_STYLE = {"healthy": "green", "starting": "yellow", "down": "red", "unhealthy": "red"}
+_STYLE = {"healthy": "green", "degraded": "yellow", "starting": "yellow", "down": "red", "unhealthy": "red"}
 
 
 def _table(rows: list[tuple[str, str, str]], title: str) -> Table:
@@ -84,10 +84,13 @@ def up(
                         healthy_at = time.monotonic()
                         mesh.timings["all_healthy_s"] = healthy_at - began
                         live.console.print(
-                            f"[green]all healthy in {healthy_at - began:.1f} s[/] "
+                            f"[green]all up in {healthy_at - began:.1f} s[/] "
                             f"(broker {mesh.timings['broker_start_s']:.1f} s, "
                             f"Postgres {mesh.timings['postgres_start_s']:.1f} s); Ctrl-C stops everything"
                         )
+                        for s in mesh.services:  # up, but a client does not get everything: say what
+                            if s.state == "degraded":
+                                live.console.print(f"[yellow]{s.name} degraded: {s.detail}[/]")
                     live.update(_table(mesh.rows(), "cachemesh"))
                     if for_seconds is not None and healthy_at is not None:
                         if time.monotonic() - healthy_at >= for_seconds:
@@ -106,7 +109,8 @@ def up(
 
 @app.command()
 def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False) -> None:
-    """Health of every component of the mesh `cachemesh up` started. Exit 0 only when all are healthy."""
+    """Health of every component of the mesh `cachemesh up` started: healthy, degraded (up, serving
+    what it can; the detail says what not), unhealthy or down. Exit 0 when none is unhealthy or down."""
     from infra.launcher import state_path
 
     try:
@@ -123,7 +127,7 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
         print(json.dumps([{"component": n, "state": s, "detail": d} for n, s, d in rows]))
     else:
         Console().print(_table(rows, "cachemesh status"))
-    raise typer.Exit(0 if all(s == "healthy" for _, s, _ in rows) else 1)
+    raise typer.Exit(0 if all(s in ("healthy", "degraded") for _, s, _ in rows) else 1)
 
 
 async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
@@ -154,8 +158,8 @@ async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
     assert isinstance(services, list)
     async with aiohttp.ClientSession() as session:
         for svc in services:
-            ok, detail = await http_health(session, svc["health_url"], "unreachable")
-            rows.append((svc["name"], "healthy" if ok else "unhealthy", f"{detail} ({svc['health_url']})"))
+            found, detail = await http_health(session, svc["health_url"], "unreachable")
+            rows.append((svc["name"], found, f"{detail} ({svc['health_url']})"))
     return rows
 
 

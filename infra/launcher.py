@@ -130,7 +130,8 @@ class ServiceProcess:
     proc: ServerProcess | None = None
     restarts: int = 0
     started_at: float = 0.0
-    healthy: bool = False
+    healthy: bool = False  # up: healthy or degraded
+    state: str = "starting"  # from its /healthz: healthy, degraded or unhealthy
     detail: str = "starting"
     _next_start: float = 0.0
 
@@ -226,7 +227,8 @@ class Mesh:
             if service.proc is None or not service.proc.is_alive():
                 service.healthy = False
                 continue
-            service.healthy, service.detail = await http_health(session, service.health_url, service.detail)
+            service.state, service.detail = await http_health(session, service.health_url, service.detail)
+            service.healthy = service.state != "unhealthy"  # degraded is up: it serves what it can
 
     def all_healthy(self) -> bool:
         return self.broker.is_alive() and self.postgres.is_alive() and all(s.healthy for s in self.services)
@@ -237,7 +239,7 @@ class Mesh:
             ("postgres", _state(self.postgres.is_alive()), redact_dsn(self.postgres.dsn)),
         ]
         for s in self.services:
-            state = "healthy" if s.healthy else ("starting" if s.proc and s.proc.is_alive() else "down")
+            state = s.state if s.healthy else ("starting" if s.proc and s.proc.is_alive() else "down")
             extra = f" restarts={s.restarts}" if s.restarts else ""
             moved = "" if s.metrics_port_source == "default" else f" ({s.metrics_port_source})"
             rows.append((s.name, state, f"{s.detail} metrics :{s.metrics_port}{moved}{extra}"))
@@ -284,14 +286,21 @@ def _state(alive: bool) -> str:
     return "healthy" if alive else "down"
 
 
-async def http_health(session: aiohttp.ClientSession, url: str, fallback: str) -> tuple[bool, str]:
+async def http_health(session: aiohttp.ClientSession, url: str, fallback: str) -> tuple[str, str]:
+    """(state, detail) of a service's /healthz: `healthy`; `degraded` (up, but a client does not get
+    everything: the detail names why); `unhealthy` (with `fallback` as the detail when it does not
+    answer at all)."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
             body: dict[str, Any] = await response.json(content_type=None)
-            ok = response.status == 200 and bool(body.get("healthy"))
-            return ok, "ok" if ok else f"unhealthy: {json.dumps(body)[:120]}"
     except (aiohttp.ClientError, TimeoutError, ValueError):
-        return False, fallback
+        return "unhealthy", fallback
+    if response.status != 200 or not body.get("healthy"):
+        return "unhealthy", f"unhealthy: {json.dumps(body)[:120]}"
+    reasons = body.get("degraded") or []
+    if body.get("status") == "degraded" and isinstance(reasons, list):
+        return "degraded", "; ".join(str(r) for r in reasons)[:240]
+    return "healthy", "ok"
 
 
 def existing_launcher() -> int | None:

@@ -38,7 +38,14 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dict[str, Any]]) -> FastAPI:
+def create_app(
+    proxy: Proxy,
+    settings: GatewaySettings,
+    health: Callable[[], dict[str, Any]],
+    status: Callable[[], dict[str, Any]] | None = None,
+) -> FastAPI:
+    """`health`: the stats page; `status`: what a client gets now ({"status", "degraded"}, see
+    services/gateway/health.py), on /healthz."""
     app = FastAPI(
         title="cachemesh gateway",
         version="1",
@@ -97,7 +104,8 @@ def create_app(proxy: Proxy, settings: GatewaySettings, health: Callable[[], dic
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, Any]:
-        return {"healthy": True}
+        # Up (200) while it answers at all; `status` says whether a client gets everything.
+        return {"healthy": True, **(status() if status else {"status": "healthy", "degraded": []})}
 
     if settings.api_token_bytes is not None:
         app.add_middleware(BearerAuth, token=settings.api_token_bytes)

@@ -21,6 +21,7 @@ from cachemesh_client.kvkeys import block_keys
 from prometheus_client import Counter, Histogram
 
 from schemas.events import Event, KvBlockRemoved, KvBlockStored
+from services.gateway.health import Reach
 from services.gateway.routing import DEFAULT_WEIGHTS, Choice, Instance, Weights, choose
 from services.gateway.upstream import Upstream
 from services.gateway.warming import EngineWarmer, Turnover, Warm
@@ -94,6 +95,7 @@ class Engine:
     # The seed's FTL = base + m * delta, fit to the first-token times measured here (recent ones weigh
     # more: a restart or another load changes them).
     ftl: FtlFit = field(default_factory=lambda: FtlFit(forget=0.99))
+    reach: Reach = field(default_factory=Reach)  # its last health probe
 
     def survive_ms(self) -> float | None:
         return self.turnover.survive_ms(self.pool_blocks)

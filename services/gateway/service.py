@@ -16,6 +16,7 @@ from schemas.events import Event, KvBlockStored, WarmupRequested
 from services.gateway.api import create_app
 from services.gateway.breaker import BreakerStats, FailureBreaker
 from services.gateway.engines import Engine, Engines, PromptTokens
+from services.gateway.health import Peer, Reach, verdict
 from services.gateway.proxy import Proxy
 from services.gateway.routing import Instance, Weights
 from services.gateway.settings import GatewaySettings
@@ -27,6 +28,19 @@ from services.runtime.kafka import Delivery, EventPublisher
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
+
+
+async def _reachable(
+    http: httpx.AsyncClient, path: str, headers: dict[str, str], timeout_s: float
+) -> tuple[bool, str | None]:
+    """Does it answer at all (any status below 500: a 401 is an answer)?"""
+    try:
+        response = await http.get(path, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return False, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if response.status_code >= 500:
+        return False, f"HTTP {response.status_code}"
+    return True, None
 
 
 def monotonic_ms() -> int:
@@ -52,6 +66,8 @@ class GatewayService(Service):
         self.proxy: Proxy | None = None
         self.engines: Engines | None = None
         self._poll_http: httpx.AsyncClient | None = None
+        self._tiers_http: httpx.AsyncClient | None = None
+        self._tiers_reach = Reach()
         self.publisher: EventPublisher | None = None
         self.api_port: int | None = None
         self._api: InLoopServer | None = None
@@ -74,6 +90,7 @@ class GatewayService(Service):
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
         )
         stack.push_async_callback(tiers_http.aclose)
+        self._tiers_http = tiers_http
         cache = TierCache(
             tiers_http,
             FailureBreaker(
@@ -114,6 +131,7 @@ class GatewayService(Service):
         # Registered after the clients, so it runs before they close: answers in flight get stored.
         stack.push_async_callback(self.proxy.drain)
         stack.push_async_callback(self._cancel_warms)
+        await self._probe_once()  # the first health report already knows (at most probe_timeout_ms)
         await self._start_api(stack)
 
     def _upstreams(self) -> list[tuple[str, str, str]]:
@@ -196,7 +214,7 @@ class GatewayService(Service):
     async def _start_api(self, stack: AsyncExitStack) -> None:
         assert self.proxy is not None
         s = self.settings
-        app = create_app(self.proxy, s, self.stats)
+        app = create_app(self.proxy, s, self.stats, self.status)
         self._api = await serve_in_loop(app, s.api_host, s.api_port, "gateway API")
         self.api_port = self._api.port
         stack.push_async_callback(self._stop_api)
@@ -209,7 +227,46 @@ class GatewayService(Service):
             await server.stop()
 
     def loops(self) -> Sequence[Loop]:
-        return (self._end_idle_conversations, self._api_ticks, self._poll_queues, self._warms_waiting)
+        return (
+            self._end_idle_conversations,
+            self._api_ticks,
+            self._poll_queues,
+            self._warms_waiting,
+            self._probe,
+        )
+
+    async def _probe(self) -> None:
+        """Each upstream and the tier node, every probe_interval_ms, for the health report."""
+        while True:
+            await asyncio.sleep(self.settings.probe_interval_ms / 1000)
+            await self._probe_once()
+
+    async def _probe_once(self) -> None:
+        if self.engines is None or self._tiers_http is None:
+            return
+        timeout = self.settings.probe_timeout_ms / 1000
+        probes = [
+            _reachable(e.upstream.http, "/models", e.upstream.headers({}), timeout)
+            for e in self.engines.engines
+        ]
+        found = await asyncio.gather(_reachable(self._tiers_http, "/healthz", {}, timeout), *probes)
+        now = monotonic_ms()
+        self._tiers_reach.record(*found[0], now)
+        for engine, (ok, error) in zip(self.engines.engines, found[1:], strict=True):
+            engine.reach.record(ok, error, now)
+
+    def status(self) -> dict[str, Any]:
+        """What a client gets now: `healthy`, or `degraded` with one reason per thing it does not get."""
+        if self.proxy is None or self.engines is None:
+            return {"status": "healthy", "degraded": []}
+        upstreams = [
+            Peer(e.name, e.upstream.breaker.state, e.upstream.breaker.reason, e.reach)
+            for e in self.engines.engines
+        ]
+        cache = self.proxy.cache.breaker
+        tiers = Peer("tiers", cache.state, cache.reason, self._tiers_reach)
+        status, reasons = verdict(upstreams, tiers, monotonic_ms())
+        return {"status": status, "degraded": reasons}
 
     async def _end_idle_conversations(self) -> None:
         assert self.proxy is not None
@@ -258,4 +315,8 @@ class GatewayService(Service):
     async def checks(self) -> dict[str, Any]:
         # The upstream's and the cache's state are reported, not judged: a gateway whose model server is
         # down still answers hits and says why it cannot answer the rest.
-        return {"api_serving": self._api is not None and self._api.started, "gateway": self.stats()}
+        return {
+            "api_serving": self._api is not None and self._api.started,
+            **self.status(),
+            "gateway": self.stats(),
+        }

@@ -70,6 +70,10 @@ class GatewaySettings(ServiceSettings):
     routing_warm_min_precision: Annotated[float, Field(ge=0.0, le=1.0)] = 0.8
     # How often each instance's queue is read from its /metrics.
     queue_poll_ms: Annotated[int, Field(gt=0)] = 500
+    # How often each upstream (GET /v1/models) and the tier node (/healthz) are probed for the health
+    # report, and how long a probe waits: an unreachable one makes the gateway `degraded`.
+    probe_interval_ms: Annotated[int, Field(gt=0)] = 2_000
+    probe_timeout_ms: Annotated[int, Field(gt=0)] = 1_000
     upstream_connect_timeout_ms: Annotated[int, Field(gt=0)] = 2_000
     # Whole answer (or, streaming, the gap between two chunks): generation takes seconds.
     upstream_timeout_ms: Annotated[int, Field(gt=0)] = 120_000

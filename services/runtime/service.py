@@ -162,6 +162,8 @@ class Service:
         report.update(extra)
         healthy = healthy and all(v is not False for v in extra.values())
         report["healthy"] = healthy
+        # A service that serves, but not all of it, says so with its reasons (`degraded`, a list).
+        report["status"] = "unhealthy" if not healthy else "degraded" if report.get("degraded") else "healthy"
         return report
 
 

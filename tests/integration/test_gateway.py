@@ -21,6 +21,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from bench._openai_upstream import UpstreamDouble, answer_for, serving_upstream
+from infra.paths import free_port
 from schemas.events import ConversationEnded, ConversationStarted
 from schemas.topics import qualified
 from schemas.wire import decode
@@ -331,6 +332,49 @@ async def test_upstream_failures_surface_as_errors_and_are_never_cached(gateway_
         assert refused.value.response.headers["retry-after"]
         assert mesh.upstream.completions == calls
         assert mesh.gateway.proxy is not None and mesh.gateway.proxy.upstream.breaker.state == "open"
+        health = await mesh.gateway.health()
+        assert health["status"] == "degraded" and health["healthy"]
+        assert any("breaker open (3 failures in a row)" in r for r in health["degraded"])
+
+
+async def test_health_says_degraded_while_the_upstream_is_unreachable_and_healthy_once_it_answers(
+    gateway_mesh,
+) -> None:
+    """What a client gets, on both health pages (the service's /healthz and the API's): with nothing on
+    the upstream's port the gateway is up but `degraded`, naming the upstream and that only cache hits
+    are served; once a server answers there, `healthy` again."""
+    dead_port = free_port()
+    async with gateway_mesh(upstream_url=f"http://127.0.0.1:{dead_port}/v1", probe_interval_ms=100) as mesh:
+        assert mesh.gateway.metrics_server is not None
+        pages = [
+            f"http://127.0.0.1:{mesh.gateway.metrics_server.port}/healthz",
+            f"{mesh.gateway.api_url}/healthz",
+        ]
+
+        async def reports() -> list[dict[str, Any]]:
+            async with httpx.AsyncClient() as http:
+                return [(await http.get(page)).json() for page in pages]
+
+        async def all_say(status: str) -> None:
+            started = time.perf_counter()
+            while not all(r["status"] == status for r in await reports()):
+                assert time.perf_counter() - started < 30, f"not {status} within 30 s: {await reports()}"
+                await asyncio.sleep(0.05)
+
+        await all_say("degraded")
+        for report in await reports():
+            assert report["healthy"] is True  # up: it still answers hits
+            assert any(r.startswith("upstream unreachable for") for r in report["degraded"])
+            assert "no upstream answers: only cache hits are served" in report["degraded"]
+        with pytest.raises(openai.APIStatusError) as failed:
+            await mesh.chat(RESET)
+        assert failed.value.status_code == 502  # what degraded said: a miss cannot be answered
+
+        async with serving_upstream(port=dead_port):
+            await all_say("healthy")
+            assert all(r["degraded"] == [] for r in await reports())
+            headers, _ = await mesh.chat(RESET)
+            assert headers["x-cachemesh-cache"] == "miss"
 
 
 async def test_a_recovered_upstream_answers_and_the_failed_answer_was_not_stored(gateway_mesh) -> None:

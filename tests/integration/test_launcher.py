@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.paths import free_port
+
 pytestmark = [pytest.mark.integration, pytest.mark.tansu]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,6 +33,8 @@ def _status(env: dict[str, str]) -> tuple[int, list[dict[str, str]]]:
 def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "DATABASE_URL")}
     env.update(CACHEMESH_CACHE_DIR=str(tmp_path), CACHEMESH_BROKER="tansu", PYTHONPATH=str(REPO))
+    # No model server behind the gateway (a port nothing listens on): it is up, and says it is degraded.
+    env["CACHEMESH_GATEWAY_UPSTREAM_URL"] = f"http://127.0.0.1:{free_port()}/v1"
     launcher = subprocess.Popen(
         [*CLI, "up"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -45,13 +49,15 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         code, rows = 3, []
         while time.monotonic() < deadline and launcher.poll() is None:
             code, rows = _status(env)
-            if code == 0 and b"all healthy in" in b"".join(err_chunks):
+            if code == 0 and b"all up in" in b"".join(err_chunks):
                 break
             time.sleep(1)
         assert launcher.poll() is None, b"".join(err_chunks).decode()[-3000:]
         assert code == 0, rows
         components = {r["component"] for r in rows}
         assert {"broker", "postgres"} <= components
+        gateway = next(r for r in rows if r["component"] == "gateway")
+        assert gateway["state"] == "degraded" and "upstream unreachable" in gateway["detail"], gateway
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert children, "broker, Postgres and services run as child processes"
 
@@ -64,7 +70,7 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         reader.join(timeout=30)
     err = b"".join(err_chunks).decode()
     assert launcher.returncode == 0, err[-3000:]
-    assert "all healthy in" in err
+    assert "all up in" in err and "gateway degraded: upstream unreachable" in err
     timings = json.loads(out.decode().strip().splitlines()[-1])["timings"]
     assert timings["all_healthy_s"] > 0
     # Reaped or exited (a zombie has exited; reaping it is init's job), waited for, not slept on.
