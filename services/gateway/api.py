@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from services.gateway import openapi
 from services.gateway.answers import error_body
 from services.gateway.proxy import REQUEST_MS, Proxy, problem
 from services.gateway.requests import BadRequest, parse_body
@@ -68,11 +69,19 @@ def create_app(
         finally:
             child(REQUEST_MS, route).observe((time.perf_counter() - started) * 1000)
 
-    @app.post("/v1/chat/completions", summary="Chat completion, from the cache or the upstream")
+    @app.post(
+        "/v1/chat/completions",
+        summary="Chat completion, from the cache or the upstream",
+        openapi_extra=openapi.body(openapi.CHAT),
+    )
     async def chat_completions(request: Request) -> Response:
         return await complete("chat", request)
 
-    @app.post("/v1/completions", summary="Text completion, from the cache or the upstream")
+    @app.post(
+        "/v1/completions",
+        summary="Text completion, from the cache or the upstream",
+        openapi_extra=openapi.body(openapi.COMPLETION),
+    )
     async def completions(request: Request) -> Response:
         return await complete("completion", request)
 
@@ -80,7 +89,11 @@ def create_app(
     async def models(request: Request) -> Response:
         return await proxy.models(request.headers)
 
-    @app.post("/v1/cachemesh/feedback", summary="That answer was wrong (or right)")
+    @app.post(
+        "/v1/cachemesh/feedback",
+        summary="That answer was wrong (or right)",
+        openapi_extra=openapi.body(openapi.FEEDBACK),
+    )
     async def feedback(request: Request) -> Response:
         try:
             body = parse_body(await read_body(request, 64 * 1024))

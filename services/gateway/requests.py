@@ -134,6 +134,32 @@ def _params(body: dict[str, Any], exclude: frozenset[str]) -> dict[str, Any]:
     return params
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_stop(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+
+
+# Types of the other parameters OpenAI's API checks (a wrong one is a 400 there too, never forwarded).
+_TYPES: dict[str, tuple[Any, str]] = {
+    "max_tokens": (_is_int, "an integer"),
+    "max_completion_tokens": (_is_int, "an integer"),
+    "logprobs": (lambda v: isinstance(v, bool) or _is_int(v), "true, false or an integer"),
+    "top_logprobs": (_is_int, "an integer"),
+    "stop": (_is_stop, "a string or a list of strings"),
+    "user": (lambda v: isinstance(v, str), "a string"),
+}
+
+
+def _check_types(body: dict[str, Any]) -> None:
+    for name, (ok, what) in _TYPES.items():
+        value = body.get(name)
+        if value is not None and not ok(value):
+            raise BadRequest(f"{name} must be {what}", param=name)
+
+
 def _common(body: Any) -> tuple[str, bool, bool, int, float | None, int | None]:
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
@@ -148,7 +174,12 @@ def _common(body: Any) -> tuple[str, bool, bool, int, float | None, int | None]:
     if not isinstance(stream, bool):
         raise BadRequest("stream must be true or false", param="stream")
     options = body.get("stream_options") or {}
-    include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options must be an object", param="stream_options")
+    if not isinstance(options.get("include_usage", False), bool):
+        raise BadRequest("stream_options.include_usage must be true or false", param="stream_options")
+    include_usage = bool(options.get("include_usage"))
+    _check_types(body)
     n = body.get("n", 1)
     if n is None:
         n = 1

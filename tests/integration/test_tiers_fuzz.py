@@ -6,33 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import httpx
-import hypothesis
 import pytest
 import requests
 import schemathesis
-from hypothesis import HealthCheck, Phase
 from pydantic import SecretStr
-from schemathesis import GenerationMode
 
 from services.tiers.edge.api import VALUE_MEDIA_TYPE
 from services.tiers.edge.blockframe import MEDIA_TYPE as BLOCKS_MEDIA_TYPE
 from services.tiers.edge.blockframe import FetchedBlock, encode_blocks
 from services.tiers.settings import TiersSettings
+from tests.integration.fuzzing import REQUEST_TIMEOUT_S, fuzz
 from tests.integration.nodes import running, until
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "fuzz-token"
-# Examples per operation and generation mode: bounds the whole run to under a minute. A deeper, random
-# run: CACHEMESH_FUZZ_EXAMPLES=300 (raise the test timeout with it).
-MAX_EXAMPLES = int(os.environ.get("CACHEMESH_FUZZ_EXAMPLES", "12"))
-DERANDOMIZE = "CACHEMESH_FUZZ_EXAMPLES" not in os.environ
-REQUEST_TIMEOUT_S = 5.0
 
 
 @schemathesis.serializer(VALUE_MEDIA_TYPE, BLOCKS_MEDIA_TYPE)
@@ -65,46 +57,6 @@ def _problem(case: Any, response: requests.Response) -> str | None:
     return None
 
 
-def fuzz(base_url: str) -> tuple[int, list[str]]:
-    """Every operation of the node's live OpenAPI document, positive and negative cases; (requests sent,
-    problems found). Blocking (schemathesis sends with requests): run it off the node's event loop."""
-    document = requests.get(f"{base_url}/openapi.json", timeout=REQUEST_TIMEOUT_S).json()
-    schema = schemathesis.openapi.from_dict(document)
-    headers = {"Authorization": f"Bearer {TOKEN}"}
-    problems: list[str] = []
-    sent = 0
-    session = requests.Session()
-    for result in schema.get_all_operations():
-        operation = result.ok()
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-
-            @hypothesis.settings(
-                max_examples=MAX_EXAMPLES,
-                deadline=None,
-                database=None,
-                derandomize=DERANDOMIZE,
-                phases=[Phase.explicit, Phase.generate],
-                suppress_health_check=list(HealthCheck),
-            )
-            @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
-            def one(case: Any) -> None:
-                nonlocal sent
-                sent += 1
-                try:
-                    response = case.call(
-                        base_url=base_url, session=session, headers=headers, timeout=REQUEST_TIMEOUT_S
-                    )
-                except requests.RequestException as exc:
-                    problems.append(f"{case.method} {case.formatted_path}: no answer ({exc!r})")
-                    return
-                if (problem := _problem(case, response)) is not None:
-                    body = case.body if isinstance(case.body, (dict, list)) else repr(case.body)[:200]
-                    problems.append(f"{problem}; sent query={case.query} body={json.dumps(body)[:300]}")
-
-            one()
-    return sent, problems
-
-
 async def test_api_survives_fuzzing(node_settings: Callable[..., TiersSettings]) -> None:
     settings = node_settings(
         "fuzz", api_token=SecretStr(TOKEN), max_text_chars=512, max_batch=16, embedder_preload=True
@@ -113,7 +65,9 @@ async def test_api_survives_fuzzing(node_settings: Callable[..., TiersSettings])
         # Text lookups are fuzzed too: against a node whose model has loaded (a load can outlast the
         # per-request timeout on a busy machine, and is not what this test measures).
         await until(lambda: node.embedder.state == "ready", timeout_s=120, step_s=0.1)
-        sent, problems = await asyncio.to_thread(fuzz, node.api_url)
+        sent, problems = await asyncio.to_thread(
+            fuzz, node.api_url, {"Authorization": f"Bearer {TOKEN}"}, _problem
+        )
         # The node still answers after all of it.
         async with httpx.AsyncClient(base_url=node.api_url) as http:
             assert (await http.get("/healthz")).status_code == 200
