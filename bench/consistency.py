@@ -46,7 +46,9 @@ from sim.consistency import Op, Report, check, timeline
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "consistency"
-SCENARIOS = ("quiet", "kill-node", "restart-broker", "restart-postgres")
+SCENARIOS = ("quiet", "kill-node", "restart-broker", "restart-postgres", "clock-skew")
+# clock-skew: the nodes' clocks read seconds apart for the whole run (a behind, c ahead).
+SKEW_MS = {"a": -3_000, "b": 0, "c": 4_000}
 # The L3 breaker trips on failures and on a p99 above this. Not the 150 ms default: on a small shared
 # machine an L3 call is "slow" because the event loop (two nodes and the workload in one process) is
 # starved, and the writes it then queues (write-behind) are acknowledged before L3 has them, which is
@@ -310,10 +312,17 @@ async def _serving(service: Any) -> AsyncIterator[Any]:
 
 @contextlib.asynccontextmanager
 async def mesh(
-    bootstrap: str, dsn: str, namespace: str | None = None, *, l3_breaker_p99_ms: float = BREAKER_P99_MS
+    bootstrap: str,
+    dsn: str,
+    namespace: str | None = None,
+    *,
+    l3_breaker_p99_ms: float = BREAKER_P99_MS,
+    skew_ms: dict[str, int] | None = None,
 ) -> AsyncIterator[Mesh]:
     """Nodes a and b in this process, c in a subprocess, each reading the others' L2, and the
-    invalidation service; all on `namespace` (a fresh one by default)."""
+    invalidation service; all on `namespace` (a fresh one by default). `skew_ms`: how far each node's
+    clock reads ahead (negative: behind)."""
+    skew_ms = skew_ms or {}
     namespace = namespace or f"cons{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
     ports = {n: (free_port(), free_port(), free_port()) for n in "abc"}  # api, blocks, metrics
@@ -332,6 +341,7 @@ async def mesh(
             l2_pages=64,
             l2_peers=tuple(v for k, v in blocks.items() if k != name),
             l3_breaker_p99_ms=l3_breaker_p99_ms,
+            clock_skew_ms=skew_ms.get(name, 0),
             kafka=kafka,
             postgres=pg,
         )
@@ -353,6 +363,7 @@ async def mesh(
         CACHEMESH_TIERS_L2_PEERS=f"{blocks['a']},{blocks['b']}",
         CACHEMESH_TIERS_L3_BREAKER_P99_MS=str(l3_breaker_p99_ms),
         CACHEMESH_TIERS_LOG_LEVEL="WARNING",
+        CACHEMESH_TIERS_CLOCK_SKEW_MS=str(skew_ms.get("c", 0)),
     )
     c = NodeProcess("c", env, api_c, metrics_c)
     invalidation = InvalidationService(
@@ -422,7 +433,7 @@ def fault_for(
         timings["fault_end_ms"] = now_ms()
         timings["fault_s"] = (timings["fault_end_ms"] - timings["fault_at_ms"]) / 1000
 
-    if scenario == "quiet":
+    if scenario in ("quiet", "clock-skew"):  # the skew lasts the whole run (mesh's skew_ms)
         return None
     if scenario == "kill-node":
         return lambda: timed(m.process.restart)
@@ -512,7 +523,8 @@ async def _bench(
 ) -> list[Outcome]:
     outcomes = []
     for scenario in scenarios:
-        async with mesh(broker.bootstrap, postgres.dsn) as m:
+        skew = SKEW_MS if scenario == "clock-skew" else None
+        async with mesh(broker.bootstrap, postgres.dsn, skew_ms=skew) as m:
             outcome = await run_scenario(scenario, m, workload, broker, postgres)
         outcomes.append(outcome)
         if not outcome.report.ok:

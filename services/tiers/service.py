@@ -26,6 +26,7 @@ from schemas.events import (
     TierModeChanged,
     WarmupApplied,
     WarmupRequested,
+    now_ms,
 )
 from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
@@ -182,6 +183,7 @@ class TiersService(Service):
                 clock=monotonic_ms,
             ),
             node_id=s.node_id,
+            wall_ms=(lambda: now_ms() + s.clock_skew_ms) if s.clock_skew_ms else now_ms,
             double_delete_delay_ms=s.double_delete_delay_ms,
             l3_timeout_s=s.l3_timeout_ms / 1000,
             l3_candidates=s.l3_candidates,
@@ -224,7 +226,7 @@ class TiersService(Service):
         await self._hearing(invalidations)
         self._invalidations = invalidations
         self.cache.hearing_lease_ms = self.settings.hearing_lease_ms or None
-        self.cache.heard_at_ms = _heard_at_ms(invalidations)
+        self.cache.heard_at_ms = self._heard_at_ms(invalidations)
         await self._start_api(stack)
         # Everything built so far lives as long as the process: out of the collector's way, so a full
         # collection does not walk it in the middle of a request (tens of ms at p99 otherwise).
@@ -407,6 +409,11 @@ class TiersService(Service):
             task.cancel()
         await asyncio.gather(*self._delayed_commands, return_exceptions=True)
 
+    def _heard_at_ms(self, consumer: EventConsumer) -> int | None:
+        """`_heard_at_ms` on this node's clock (the broker client stamps with the machine's)."""
+        heard = _heard_at_ms(consumer)
+        return None if heard is None else heard + self.settings.clock_skew_ms
+
     # --- loops ----------------------------------------------------------------------------------
 
     async def _send_events(self) -> None:
@@ -540,7 +547,7 @@ class TiersService(Service):
         was_hearing, deaf_since = cache.hearing, cache.wall_ms()
         last_heard = cache.heard_at_ms
         while True:
-            heard = cache.heard_at_ms = _heard_at_ms(self._invalidations)
+            heard = cache.heard_at_ms = self._heard_at_ms(self._invalidations)
             hearing = cache.hearing
             if was_hearing and not hearing:  # deaf since the last fetch answer (or now, without one)
                 deaf_since = last_heard if last_heard is not None else cache.wall_ms()

@@ -143,6 +143,10 @@ class TiersSettings(ServiceSettings):
     # promises (2 s in tests/integration/test_consistency.py). Not much lower: a node whose event loop
     # stalls (a model loading) for longer reads L3 meanwhile. 0 turns the lease off (no such promise).
     hearing_lease_ms: Annotated[int, Field(ge=0)] = 1_500
+    # Fault testing only: this node's clock reads this far ahead of the machine's (negative: behind), as
+    # a host whose clock is off would (bench/consistency.py's clock-skew scenario). Writes are ordered
+    # by causal stamps (services/tiers/node/causal.py), not by this clock.
+    clock_skew_ms: int = 0
     # A node that could not hear invalidations for this long (a broker outage, not a stalled loop)
     # drops its L1/L2 when it hears again: other nodes' producers may deliver the invalidations they
     # buffered meanwhile after it hears. 0: never.

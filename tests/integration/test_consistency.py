@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from bench.consistency import Outcome, Workload, mesh, run_scenario
+from bench.consistency import SKEW_MS, Outcome, Workload, mesh, run_scenario
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -70,3 +70,16 @@ async def test_a_postgres_restart_mid_load_stays_consistent(kafka, postgres) -> 
     async with mesh(kafka.bootstrap, postgres.dsn) as m:
         outcome = await run_scenario("restart-postgres", m, _workload(), postgres=postgres)
     _assert_consistent(outcome)
+
+
+async def test_scenario_clock_skew_nodes_seconds_apart_stay_consistent(kafka, postgres) -> None:
+    """Node a's clock 3 s behind, c's 4 s ahead: writes are ordered by causal stamps, so a write made
+    after hearing of another node's write is the newer one everywhere (by wall clocks a's writes would
+    lose to older ones in L3 and be fenced out of its own memory)."""
+    async with mesh(kafka.bootstrap, postgres.dsn, skew_ms=SKEW_MS) as m:
+        outcome = await run_scenario("clock-skew", m, _workload())
+        ahead = [(await n.stats())["clock_ahead_ms"] for n in m.nodes]
+    _assert_consistent(outcome)
+    # a and b stamp past what they heard from c (whose clock is ahead); c, the fastest clock, never runs
+    # ahead of itself
+    assert ahead[0] > 0 and ahead[1] > 0 and ahead[2] == 0, ahead

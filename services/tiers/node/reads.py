@@ -23,6 +23,7 @@ from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.blocks import Located
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.causal import CausalClock
 from services.tiers.node.counters import Counters
 from services.tiers.node.degrade import HitRateGuard
 from services.tiers.node.matcher import Matcher
@@ -78,7 +79,10 @@ class TierReads:
         self.outbox = outbox
         self.breaker = breaker
         self.node_id = node_id
-        self.wall_ms = wall_ms
+        self.wall_ms = wall_ms  # expiry, leases and access times
+        # Stamps of writes and deletes, the order every node agrees on (wall time that never runs behind
+        # what this node has heard of: services/tiers/node/causal.py).
+        self.clock = CausalClock(wall_ms)
         self.perf_ns = perf_ns
         self.double_delete_delay_ms = double_delete_delay_ms
         self.l3_timeout_s = l3_timeout_s
@@ -135,6 +139,7 @@ class TierReads:
         """Place `entry` in L1 (and L2, write-through); returns where it went. A KV block goes to L2 alone
         when L2 takes values its size (the block pool is where KV lives, DESIGN.md §1)."""
         meta = entry.meta
+        self.clock.observe(meta.updated_at_ms)  # a row from L3 or a peer may come from a clock ahead
         placed: list[Tier] = []
         if meta.kind == "kv_block" and self.l2 is not None and len(entry.blob) <= self.l2.max_value_bytes:
             to_l1 = False

@@ -94,7 +94,7 @@ class TieredCache(TierReads):
         """Write-with-sync (seed §1.3): L3, then L1/L2, then the invalidation for every node."""
         if meta.embedding is not None and self.dim is not None and meta.embedding.shape != (self.dim,):
             raise ValueError(f"embedding has shape {meta.embedding.shape}; this cache uses ({self.dim},)")
-        now = self.wall_ms()
+        now = self.clock.now()
         meta = replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob))
         entry = Entry(meta, blob)
         self.fence(meta.key, now)
@@ -143,7 +143,7 @@ class TieredCache(TierReads):
                 self._touch_local(meta.key)
                 out.append(BlockPut(meta.key, "present", ()))
                 continue
-            now = self.wall_ms()
+            now = self.clock.now()
             entry = Entry(replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob)), blob)
             try:
                 persisted = await self._persist(entry)
@@ -198,7 +198,7 @@ class TieredCache(TierReads):
 
     async def delete(self, key: str) -> bool:
         """Drop `key` everywhere (L3 too) and tell every node (delayed double delete included)."""
-        at = self.wall_ms()
+        at = self.clock.now()
         self.fence(key, at)
         existed = self._drop_local(key, "deleted")
         self.matcher.forget(key)
@@ -253,6 +253,8 @@ class TieredCache(TierReads):
         the same question (the guards, when the event carries the written prompt), and the key itself
         unless this node wrote it (or already holds this write or a newer one)."""
         self.counters.invalidations_received += 1
+        if event.origin_node_id != self.node_id:
+            self.clock.observe(event.occurred_at_ms)
         self.fence(event.key, event.occurred_at_ms)
         candidates = {event.key}
         if event.embedding is not None and event.similarity_threshold is not None and self.dim is not None:
@@ -439,6 +441,10 @@ class TieredCache(TierReads):
             "hits_by_tier": dict(c.hits),
             "degraded_lookups": c.degraded_lookups,
             "fenced": c.fenced,
+            # How far this node's stamps run ahead of its wall clock (another node's clock is ahead),
+            # and the stamps too far ahead to believe.
+            "clock_ahead_ms": max(0, self.clock.now() - self.wall_ms()),
+            "clock_refused": self.clock.refused,
             "forgotten": c.forgotten,
             "hearing": self.hearing,
             "unheard_lookups": c.unheard_lookups,

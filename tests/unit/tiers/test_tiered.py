@@ -278,6 +278,27 @@ async def test_a_copy_older_than_a_write_heard_of_is_a_miss_never_a_stale_answer
     assert text_of((await rig.cache.get("k")).entry) == "new" and "k" in rig.cache.l1
 
 
+async def test_a_write_after_another_nodes_write_wins_though_this_clock_is_5_s_behind() -> None:
+    # Node b's wall clock runs 5 s ahead of a's. b writes k; a hears of it, then writes k itself. Stamped
+    # by wall clocks, a's later write would be older than b's: fenced out of a's own memory, refused by
+    # L3 (last writer wins by stamp) and ignored by b. Stamped causally, it is the newer one everywhere.
+    shared = MemoryL3(clock=Clock())
+    a, b = make(node="a", l3=shared), make(node="b", l3=shared)
+    b.clock.ms = a.clock() + 5_000
+    shared.clock = a.clock
+    await b.cache.put(meta("k"), encode_text("b's write", model="m"))
+    from_b = b.cache.outbox.take_due()  # the immediate delete (the second one is due later)
+    a.cache.on_invalidated(from_b[0])
+    result = await a.cache.put(meta("k"), encode_text("a's later write", model="m"))
+    assert result.tiers[:1] == ("l1",) and text_of((await a.cache.get("k")).entry) == "a's later write"
+    assert text_of(shared.rows["k"]) == "a's later write"
+    from_a = [e for e in a.cache.outbox.take_due() if e.attempt == 1]
+    assert from_a[0].occurred_at_ms > from_b[0].occurred_at_ms
+    assert b.cache.on_invalidated(from_a[0]) == ["k"]  # b's copy is the older one: dropped
+    assert text_of((await b.cache.get("k")).entry) == "a's later write"  # from L3, not fenced
+    assert a.cache.stats()["clock_ahead_ms"] > 0
+
+
 async def test_invalidation_without_embedding_or_with_a_bad_one_drops_the_key_only() -> None:
     rig = make(node="b")
     base = unit(RNG, DIM)
