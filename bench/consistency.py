@@ -46,7 +46,7 @@ from sim.consistency import Op, Report, check, timeline
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "consistency"
-SCENARIOS = ("quiet", "kill-node", "restart-broker", "restart-postgres", "clock-skew")
+SCENARIOS = ("quiet", "kill-node", "restart-broker", "restart-postgres", "clock-skew", "sigkill-write-behind")
 # clock-skew: the nodes' clocks read seconds apart for the whole run (a behind, c ahead).
 SKEW_MS = {"a": -3_000, "b": 0, "c": 4_000}
 # The L3 breaker trips on failures and on a p99 above this. Not the 150 ms default: on a small shared
@@ -103,6 +103,7 @@ class Recorder:
         self._written: dict[str, dict[str, float]] = {}  # key -> value -> invoke time
         self._probes: set[asyncio.Task[None]] = set()
         self._stop = asyncio.Event()
+        self.writes_stopped = asyncio.Event()  # writers stop early (a fault that wants the last word)
         self.keys = [f"k{i}-{uuid.uuid4().hex[:6]}" for i in range(workload.keys)]
 
     async def close(self) -> None:
@@ -152,7 +153,7 @@ class Recorder:
 
     async def _writer(self, i: int, rng: random.Random) -> None:
         seq = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self.writes_stopped.is_set():
             key, node = rng.choice(self.keys), rng.choice(self.nodes)
             seq += 1
             op = await self.write(f"w{i}", node, key, f"{key}@w{i}#{seq}")
@@ -318,10 +319,12 @@ async def mesh(
     *,
     l3_breaker_p99_ms: float = BREAKER_P99_MS,
     skew_ms: dict[str, int] | None = None,
+    write_behind: bool = False,
 ) -> AsyncIterator[Mesh]:
     """Nodes a and b in this process, c in a subprocess, each reading the others' L2, and the
     invalidation service; all on `namespace` (a fresh one by default). `skew_ms`: how far each node's
-    clock reads ahead (negative: behind)."""
+    clock reads ahead (negative: behind). `write_behind`: the nodes acknowledge writes L3 has not taken
+    (best effort) instead of refusing them (durable, the default)."""
     skew_ms = skew_ms or {}
     namespace = namespace or f"cons{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
@@ -342,6 +345,7 @@ async def mesh(
             l2_peers=tuple(v for k, v in blocks.items() if k != name),
             l3_breaker_p99_ms=l3_breaker_p99_ms,
             clock_skew_ms=skew_ms.get(name, 0),
+            write_behind=write_behind,
             kafka=kafka,
             postgres=pg,
         )
@@ -364,6 +368,7 @@ async def mesh(
         CACHEMESH_TIERS_L3_BREAKER_P99_MS=str(l3_breaker_p99_ms),
         CACHEMESH_TIERS_LOG_LEVEL="WARNING",
         CACHEMESH_TIERS_CLOCK_SKEW_MS=str(skew_ms.get("c", 0)),
+        CACHEMESH_TIERS_WRITE_BEHIND=str(write_behind).lower(),
     )
     c = NodeProcess("c", env, api_c, metrics_c)
     invalidation = InvalidationService(
@@ -425,7 +430,12 @@ class Outcome:
 
 
 def fault_for(
-    scenario: str, m: Mesh, broker: Broker | None, postgres: Postgres | None, timings: dict[str, float]
+    scenario: str,
+    m: Mesh,
+    broker: Broker | None,
+    postgres: Postgres | None,
+    timings: dict[str, float],
+    recorder: Recorder | None = None,
 ) -> Callable[[], Awaitable[None]] | None:
     async def timed(action: Callable[[], Awaitable[None]]) -> None:
         timings["fault_at_ms"] = now_ms()
@@ -443,6 +453,22 @@ def fault_for(
     if scenario == "restart-postgres":
         assert postgres is not None
         return lambda: timed(lambda: asyncio.to_thread(postgres.restart))
+    if scenario == "sigkill-write-behind":
+        assert postgres is not None and recorder is not None
+        pg, load = postgres, recorder
+
+        async def sigkill_while_l3_is_away() -> None:
+            await asyncio.to_thread(pg.stop)
+            await asyncio.sleep(1.5)  # the load goes on: writes L3 cannot take
+            # The writes made meanwhile are the last ones: one lost with the node cannot be hidden by a
+            # later write of its key, and the final reads must find each acknowledged one.
+            load.writes_stopped.set()
+            m.process.kill()  # node c dies with whatever it holds in memory
+            m.process.restarts += 1
+            await asyncio.to_thread(pg.start)
+            await m.process.start()
+
+        return lambda: timed(sigkill_while_l3_is_away)
     raise ValueError(f"unknown scenario {scenario!r}; known: {SCENARIOS}")
 
 
@@ -456,7 +482,7 @@ async def run_scenario(
     timings: dict[str, float] = {}
     recorder = Recorder(m.nodes, workload)
     try:
-        await recorder.run(fault_for(scenario, m, broker, postgres, timings))
+        await recorder.run(fault_for(scenario, m, broker, postgres, timings, recorder))
     finally:
         await recorder.close()
     # Time each node spent local-only (the degrade guard, /v1/stats `local_only.local_only_ms`).

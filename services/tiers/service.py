@@ -188,6 +188,7 @@ class TiersService(Service):
             l3_timeout_s=s.l3_timeout_ms / 1000,
             l3_candidates=s.l3_candidates,
             max_pending_l3_writes=s.max_pending_l3_writes,
+            write_behind=s.write_behind,
             matcher=Matcher(
                 delta=s.match_delta,
                 default_tolerance=s.default_similarity_tolerance,

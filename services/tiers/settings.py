@@ -129,8 +129,13 @@ class TiersSettings(ServiceSettings):
     l3_breaker_cooldown_ms: Annotated[int, Field(gt=0)] = 5_000
     # One L3 call on a request path gives up after this (and counts as slow).
     l3_timeout_ms: Annotated[int, Field(gt=0)] = 1_000
-    # Writes held while L3 is unavailable (breaker open); beyond this a put is refused with 503.
+    # With write_behind: writes held while L3 is unavailable (breaker open); beyond this a put gets 503.
     max_pending_l3_writes: Annotated[int, Field(gt=0)] = 10_000
+    # False (durable, the default): a write or delete is acknowledged only once L3 holds it, so it
+    # survives a SIGKILL of this node; while L3 cannot take it, it is refused with 503 (retry). True
+    # (best effort): it is acknowledged from memory (`persisted: false`) and queued for L3 (write-behind,
+    # bounded by max_pending_l3_writes) — lost if the node dies before the queue drains.
+    write_behind: bool = False
     l3_candidates: Annotated[int, Field(gt=0, le=100)] = 4
     # Degrade to local-only (services/tiers/node/degrade.py): below `degrade_enter_below` hit rate over
     # the last `degrade_window_ms`, stop asking other nodes' L2; back once the rate holds at

@@ -420,7 +420,10 @@ def create_app(
     @v1.delete("/entries/{key:path}", response_model=DeleteOut, summary="Delete everywhere")
     async def delete_entry(key: str) -> DeleteOut:
         _check_key(key)
-        return DeleteOut(key=key, deleted=await cache.delete(key))
+        try:
+            return DeleteOut(key=key, deleted=await cache.delete(key))
+        except L3Unavailable as exc:
+            raise _problem(503, str(exc)) from None
 
     @v1.get(
         "/values/{key:path}",

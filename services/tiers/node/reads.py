@@ -63,6 +63,7 @@ class TierReads:
         l3_timeout_s: float = 1.0,
         l3_candidates: int = 4,
         max_pending_l3_writes: int = 10_000,
+        write_behind: bool = False,
         peers: RemoteL2 | None = None,
         matcher: Matcher | None = None,
         degrade: HitRateGuard | None = None,
@@ -88,6 +89,9 @@ class TierReads:
         self.l3_timeout_s = l3_timeout_s
         self.l3_candidates = l3_candidates
         self.max_pending_l3_writes = max_pending_l3_writes
+        # False: a write or delete is acknowledged only once L3 holds it (durable); True: also from memory
+        # while L3 cannot take it, queued for L3 (best effort: lost if the node dies first).
+        self.write_behind = write_behind
         self.dim = l1.dim
         # Writes (Entry) and deletes (None) that L3 has not taken yet, oldest first.
         self._pending: OrderedDict[str, Entry | None] = OrderedDict()

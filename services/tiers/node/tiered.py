@@ -97,8 +97,9 @@ class TieredCache(TierReads):
         now = self.clock.now()
         meta = replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob))
         entry = Entry(meta, blob)
+        persisted = await self._persist(entry)  # raises when the write is refused: nothing changed here
+        # From now on no older copy is served or placed (one placed while L3 wrote is dropped below).
         self.fence(meta.key, now)
-        persisted = await self._persist(entry)
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
         if meta.embedding is not None:
@@ -182,6 +183,11 @@ class TieredCache(TierReads):
                 return True
         if self.l3 is None:
             return False
+        if not self.write_behind:
+            raise L3Unavailable(
+                f"L3 did not take the write (breaker {self.breaker.state}): it is not acknowledged, since "
+                "this node acknowledges only writes that survive it (retry later)"
+            )
         if not self.hearing:
             # Neither L3 nor the bus: other nodes read L3 and, not told in time, would serve the value
             # this write replaces long after it was acknowledged. Refused instead (retry later).
@@ -209,6 +215,16 @@ class TieredCache(TierReads):
             ran, gone = await self._l3_call(self.l3.delete, key)
             if ran:
                 existed = existed or bool(gone)
+            elif not self.write_behind:
+                # Not acknowledged: L3 would hand the value back once this node is gone. What was dropped
+                # here goes on other nodes too, so no node keeps serving a value a client asked gone.
+                self._publish_invalidation(
+                    CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
+                )
+                raise L3Unavailable(
+                    f"L3 did not take the delete (breaker {self.breaker.state}): it is not acknowledged "
+                    "(retry later)"
+                )
             else:
                 self._pending[key] = None
         self.counters.deletes += 1

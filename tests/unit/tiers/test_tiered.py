@@ -50,6 +50,7 @@ def make(
     l3_latency_ms: int = 0,
     l3: MemoryL3 | None = None,
     max_pending: int = 100,
+    write_behind: bool = False,
 ) -> Rig:
     clock = Clock()
     store = l3 or MemoryL3(clock=clock, latency_ms=l3_latency_ms)
@@ -72,6 +73,7 @@ def make(
         perf_ns=clock.ns,
         l3_timeout_s=60.0,
         max_pending_l3_writes=max_pending,
+        write_behind=write_behind,
     )
     return Rig(cache, store, clock)
 
@@ -367,7 +369,7 @@ async def test_conversation_end_drops_bound_entries_here_and_in_l3() -> None:
 
 
 async def test_breaker_opens_on_slow_l3_then_serves_l1_l2_only_and_writes_behind() -> None:
-    rig = make(l3_latency_ms=200)
+    rig = make(l3_latency_ms=200, write_behind=True)
     await rig.cache.put(meta("local"), encode_text("here", model="m"))
     for i in range(5):
         assert not (await rig.cache.get(f"miss-{i}")).hit
@@ -394,7 +396,7 @@ async def test_breaker_opens_on_slow_l3_then_serves_l1_l2_only_and_writes_behind
 
 
 async def test_failing_l3_degrades_and_the_write_behind_queue_is_bounded() -> None:
-    rig = make(l3=MemoryL3(fail=True), max_pending=2)
+    rig = make(l3=MemoryL3(fail=True), max_pending=2, write_behind=True)
     assert (await rig.cache.get("k")).degraded
     for key in ("a", "b"):
         assert not (await rig.cache.put(meta(key), encode_text(key, model="m"))).persisted
@@ -405,7 +407,7 @@ async def test_failing_l3_degrades_and_the_write_behind_queue_is_bounded() -> No
 
 
 async def test_a_node_that_does_not_hear_serves_l3_and_takes_no_write_behind() -> None:
-    rig = make(l3=MemoryL3(fail=True))
+    rig = make(l3=MemoryL3(fail=True), write_behind=True)
     await rig.cache.put(meta("k"), encode_text("local", model="m"))
     rig.cache.hearing_lease_ms, rig.cache.heard_at_ms = 1000, rig.clock()
     assert (await rig.cache.get("k")).tier == "l1"
@@ -418,6 +420,24 @@ async def test_a_node_that_does_not_hear_serves_l3_and_takes_no_write_behind() -
     rig.cache.heard_at_ms = rig.clock()
     assert (await rig.cache.get("k")).tier == "l1"
     assert not (await rig.cache.put(meta("w"), encode_text("w", model="m"))).persisted
+
+
+async def test_durable_by_default_a_write_or_delete_l3_did_not_take_is_refused_not_acknowledged() -> None:
+    rig = make()
+    assert (await rig.cache.put(meta("k"), encode_text("v", model="m"))).persisted
+    rig.cache.outbox.take_due()
+    rig.l3.fail = True
+    with pytest.raises(L3Unavailable, match="not acknowledged"):
+        await rig.cache.put(meta("w"), encode_text("w", model="m"))
+    assert rig.cache.pending_l3_writes == 0 and "w" not in rig.l3.rows
+    with pytest.raises(L3Unavailable, match="not acknowledged"):
+        await rig.cache.delete("k")
+    # Not acknowledged, but no node goes on serving what a client asked gone; L3 keeps it until a retry.
+    assert "k" not in rig.cache.l1 and "k" in rig.l3.rows and rig.cache.pending_l3_writes == 0
+    assert [e.reason for e in rig.cache.outbox.take_due()] == ["delete"]
+    rig.l3.fail = False
+    rig.clock.advance(10_000)
+    assert await rig.cache.delete("k") and "k" not in rig.l3.rows
 
 
 async def test_delete_goes_everywhere_and_is_published() -> None:
@@ -494,7 +514,7 @@ async def test_ttl_expires_in_l1_and_l2_and_l3() -> None:
 
 
 async def test_data_l3_refuses_is_an_error_not_an_outage() -> None:
-    rig = make()
+    rig = make(write_behind=True)
     rig.l3.reject.add("bad")
     with pytest.raises(L3Rejected):
         await rig.cache.put(meta("bad"), encode_text("v", model="m"))
