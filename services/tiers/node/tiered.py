@@ -211,6 +211,7 @@ class TieredCache(TierReads):
         pending = self._pending.pop(key, "absent")
         if pending not in ("absent", None):
             existed = True
+        event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         if self.l3 is not None:
             ran, gone = await self._l3_call(self.l3.delete, key)
             if ran:
@@ -218,9 +219,7 @@ class TieredCache(TierReads):
             elif not self.write_behind:
                 # Not acknowledged: L3 would hand the value back once this node is gone. What was dropped
                 # here goes on other nodes too, so no node keeps serving a value a client asked gone.
-                self._publish_invalidation(
-                    CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
-                )
+                self._publish_invalidation(event)
                 raise L3Unavailable(
                     f"L3 did not take the delete (breaker {self.breaker.state}): it is not acknowledged "
                     "(retry later)"
@@ -228,7 +227,6 @@ class TieredCache(TierReads):
             else:
                 self._pending[key] = None
         self.counters.deletes += 1
-        event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         self._publish_invalidation(event)
         return existed
 
