@@ -1,13 +1,13 @@
 """The consistency workload (issue 14): concurrent writers and readers over three tier nodes and the
 invalidation service on a real broker and Postgres, recording a history that sim/consistency.py judges;
-quiet, and with a node SIGKILLed and restarted, the broker restarted, or Postgres restarted mid-load.
+quiet, and with a fault mid-load: a node SIGKILLed, the broker restarted or away past the send timeout,
+node c partitioned from the broker, Postgres restarted, clocks skewed, a node SIGKILLed while L3 is away.
 
 Writers PUT versioned values (`key@writer#seq`) through random nodes; readers read a key on every node
 (exact lookups); after each acknowledged write a probe reads its key on every node until each serves it
 (or newer): the propagation time. Node `c` runs in a subprocess (`python -m services.tiers`) so it can be
-SIGKILLed. Run: `python -m bench.consistency [--scenario quiet ...]` (the broker and Postgres scenarios
-need servers of their own: leave KAFKA_BOOTSTRAP / DATABASE_URL unset for them).
-"""
+SIGKILLed. Run: `python -m bench.consistency [--scenario quiet ...] [--runs 20]` (the broker and
+Postgres scenarios need servers of their own: leave KAFKA_BOOTSTRAP / DATABASE_URL unset for them)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -31,10 +31,12 @@ import httpx
 import typer
 from pydantic import SecretStr
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
-from infra.brokers import Broker, broker_from_env
+from infra.brokers import ApacheKafkaBroker, Broker, broker_from_env
 from infra.postgres import Postgres, postgres_from_env
+from infra.tcp_proxy import TcpProxy
 from infra.topics import ensure_topics
 from services.invalidation.service import InvalidationService
 from services.invalidation.settings import InvalidationSettings
@@ -46,7 +48,23 @@ from sim.consistency import Op, Report, check, timeline
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "consistency"
-SCENARIOS = ("quiet", "kill-node", "restart-broker", "restart-postgres", "clock-skew", "sigkill-write-behind")
+SCENARIOS = (
+    "quiet",
+    "kill-node",
+    "restart-broker",
+    "broker-away",
+    "partition",
+    "restart-postgres",
+    "clock-skew",
+    "sigkill-write-behind",
+)
+# broker-away: the broker stays down past the producers' send timeout (the mesh runs with this one),
+# so what they buffered expires: only the outbox (L3's cache_outbox, relayed) still carries it.
+BROKER_AWAY_SEND_TIMEOUT_MS = 2_000
+BROKER_AWAY_S = 4.0
+# partition: node c cannot reach the broker (a black hole, infra/tcp_proxy.py) for this long, while the
+# others, Postgres and the clients still reach it: past its hearing lease and the outbox's grace.
+PARTITION_S = 4.0
 # clock-skew: the nodes' clocks read seconds apart for the whole run (a behind, c ahead).
 SKEW_MS = {"a": -3_000, "b": 0, "c": 4_000}
 # The L3 breaker trips on failures and on a p99 above this. Not the 150 ms default: on a small shared
@@ -290,6 +308,7 @@ class Mesh:
     nodes: list[Node]
     process: NodeProcess
     services: list[TiersService] = field(default_factory=list)
+    door: TcpProxy | None = None  # node c's way to the broker, when it can be cut (partition)
 
 
 @contextlib.asynccontextmanager
@@ -320,17 +339,22 @@ async def mesh(
     l3_breaker_p99_ms: float = BREAKER_P99_MS,
     skew_ms: dict[str, int] | None = None,
     write_behind: bool = False,
+    send_timeout_ms: int | None = None,
+    door: TcpProxy | None = None,
 ) -> AsyncIterator[Mesh]:
     """Nodes a and b in this process, c in a subprocess, each reading the others' L2, and the
     invalidation service; all on `namespace` (a fresh one by default). `skew_ms`: how far each node's
     clock reads ahead (negative: behind). `write_behind`: the nodes acknowledge writes L3 has not taken
-    (best effort) instead of refusing them (durable, the default)."""
+    (best effort) instead of refusing them (durable, the default). `send_timeout_ms`: the Kafka
+    clients' request timeout. `door`: a proxy to the broker's SIDE listener (`side_door`) node c goes
+    through, so it can be cut off alone."""
     skew_ms = skew_ms or {}
     namespace = namespace or f"cons{uuid.uuid4().hex[:6]}."
     await ensure_topics(bootstrap, namespace)
     ports = {n: (free_port(), free_port(), free_port()) for n in "abc"}  # api, blocks, metrics
     blocks = {n: f"127.0.0.1:{p[1]}" for n, p in ports.items()}
-    kafka = KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace)
+    timeouts = {} if send_timeout_ms is None else {"request_timeout_ms": send_timeout_ms}
+    kafka = KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace, **timeouts)  # type: ignore[arg-type]
     pg = PostgresSettings(database_url=SecretStr(dsn), pg_retry_deadline_s=60)
 
     def settings(name: str) -> TiersSettings:
@@ -354,7 +378,8 @@ async def mesh(
     env = {k: v for k, v in os.environ.items() if not k.startswith("CACHEMESH_")}
     env.update(
         PYTHONPATH=str(REPO),
-        KAFKA_BOOTSTRAP=bootstrap,
+        KAFKA_BOOTSTRAP=bootstrap if door is None else door.address,
+        KAFKA_REQUEST_TIMEOUT_MS=str(kafka.request_timeout_ms),
         KAFKA_TOPIC_NAMESPACE=namespace,
         DATABASE_URL=dsn,
         PG_RETRY_DEADLINE_S="60",
@@ -382,7 +407,7 @@ async def mesh(
         await c.start()
         nodes = [Node("a", a.api_url), Node("b", b.api_url), c]
         await _linked(nodes)
-        yield Mesh(nodes, c, [a, b])
+        yield Mesh(nodes, c, [a, b], door)
 
 
 async def _linked(nodes: Sequence[Node], timeout_s: float = 60.0) -> None:
@@ -450,6 +475,26 @@ def fault_for(
     if scenario == "restart-broker":
         assert broker is not None
         return lambda: timed(lambda: asyncio.to_thread(broker.restart))
+    if scenario == "broker-away":
+        assert broker is not None
+        away = broker
+
+        async def away_past_the_send_timeout() -> None:
+            await asyncio.to_thread(away.halt)
+            await asyncio.sleep(BROKER_AWAY_S)  # the load goes on: writes L3 takes, events nobody carries
+            await asyncio.to_thread(away.start)
+
+        return lambda: timed(away_past_the_send_timeout)
+    if scenario == "partition":
+        door = m.door
+        assert door is not None, "the partition scenario needs the mesh built with a door"
+
+        async def partition_c() -> None:
+            door.cut()
+            await asyncio.sleep(PARTITION_S)
+            await asyncio.to_thread(door.heal)
+
+        return lambda: timed(partition_c)
     if scenario == "restart-postgres":
         assert postgres is not None
         return lambda: timed(lambda: asyncio.to_thread(postgres.restart))
@@ -544,34 +589,102 @@ def table(outcomes: Sequence[Outcome]) -> Table:
     return t
 
 
+@contextlib.asynccontextmanager
+async def scenario_mesh(scenario: str, broker: Broker, dsn: str) -> AsyncIterator[Mesh]:
+    """The mesh `scenario` runs on: skewed clocks, a short send timeout, or node c behind a door."""
+    if scenario == "partition":
+        if not isinstance(broker, ApacheKafkaBroker):
+            raise SystemExit(
+                "partition needs the embedded Apache Kafka (its SIDE listener): unset KAFKA_BOOTSTRAP"
+            )
+        advertised, listening = broker.side_door
+        with TcpProxy(int(advertised.rsplit(":", 1)[1]), listening) as door:
+            async with mesh(broker.bootstrap, dsn, door=door) as m:
+                yield m
+        return
+    skew = SKEW_MS if scenario == "clock-skew" else None
+    send_timeout = BROKER_AWAY_SEND_TIMEOUT_MS if scenario == "broker-away" else None
+    async with mesh(broker.bootstrap, dsn, skew_ms=skew, send_timeout_ms=send_timeout) as m:
+        yield m
+
+
 async def _bench(
-    broker: Broker, postgres: Postgres, scenarios: Sequence[str], workload: Workload
+    broker: Broker, postgres: Postgres, scenarios: Sequence[str], workload: Workload, runs: int
 ) -> list[Outcome]:
     outcomes = []
-    for scenario in scenarios:
-        skew = SKEW_MS if scenario == "clock-skew" else None
-        async with mesh(broker.bootstrap, postgres.dsn, skew_ms=skew) as m:
-            outcome = await run_scenario(scenario, m, workload, broker, postgres)
-        outcomes.append(outcome)
-        if not outcome.report.ok:
-            Console().print(f"[red]{scenario}[/red]: {outcome.report.summary()}")
+    with Progress(console=Console(stderr=True)) as progress:
+        task = progress.add_task("scenario runs", total=len(scenarios) * runs)
+        for scenario in scenarios:
+            for run in range(runs):
+                async with scenario_mesh(scenario, broker, postgres.dsn) as m:
+                    w = replace(workload, seed=workload.seed + run)
+                    outcome = await run_scenario(scenario, m, w, broker, postgres)
+                outcomes.append(outcome)
+                if not outcome.report.ok:
+                    progress.console.print(f"[red]{scenario} run {run + 1}[/red]: {outcome.report.summary()}")
+                progress.advance(task)
     return outcomes
+
+
+def runs_table(outcomes: Sequence[Outcome]) -> Table:
+    """Per scenario over its runs: how many were clean, the violations summed, propagation pooled."""
+    t = Table(
+        title="consistency, repeated runs (a clean run: 0 stale after the window, phantoms, lost, diverged)"
+    )
+    for col in (
+        "scenario",
+        "clean runs",
+        "stale",
+        "phantoms",
+        "lost",
+        "diverged",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+    ):
+        t.add_column(col, justify="right")
+    by: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        by.setdefault(o.scenario, []).append(o)
+    for scenario, group in by.items():
+        reports = [o.report for o in group]
+        pooled = sorted(ms for r in reports for ms in r.propagation_ms)
+
+        def pct(q: float, pooled: list[float] = pooled) -> float | None:
+            return pooled[min(len(pooled) - 1, int(q / 100 * len(pooled)))] if pooled else None
+
+        t.add_row(
+            scenario,
+            f"{sum(r.ok for r in reports)}/{len(reports)}",
+            *(str(sum(getattr(r, f) for r in reports)) for f in ("stale", "phantoms", "lost", "diverged")),
+            _ms(pct(50)),
+            _ms(pct(99)),
+            _ms(pooled[-1] if pooled else None),
+        )
+    return t
 
 
 def main(
     scenario: Annotated[list[str] | None, typer.Option(help=f"One of {SCENARIOS}; repeat for more")] = None,
     duration_s: Annotated[float, typer.Option(help="Load per scenario (at least 3 s past a fault)")] = 6.0,
     window_ms: Annotated[float, typer.Option(help="Propagation window the checker allows")] = 2000.0,
+    runs: Annotated[int, typer.Option(min=1, help="Runs per scenario, each on a fresh mesh")] = 1,
 ) -> None:
     chosen = scenario or list(SCENARIOS)
-    if os.environ.get("KAFKA_BOOTSTRAP") and "restart-broker" in chosen:
-        raise SystemExit("restart-broker needs a broker of its own: unset KAFKA_BOOTSTRAP")
-    if os.environ.get("DATABASE_URL") and "restart-postgres" in chosen:
-        raise SystemExit("restart-postgres needs a Postgres of its own: unset DATABASE_URL")
+    unknown = set(chosen) - set(SCENARIOS)
+    if unknown:
+        raise SystemExit(f"unknown scenario(s) {sorted(unknown)}; known: {SCENARIOS}")
+    own_broker = {"restart-broker", "broker-away", "partition"} & set(chosen)
+    if os.environ.get("KAFKA_BOOTSTRAP") and own_broker:
+        raise SystemExit(f"{sorted(own_broker)} need a broker of their own: unset KAFKA_BOOTSTRAP")
+    own_postgres = {"restart-postgres", "sigkill-write-behind"} & set(chosen)
+    if os.environ.get("DATABASE_URL") and own_postgres:
+        raise SystemExit(f"{sorted(own_postgres)} need a Postgres of their own: unset DATABASE_URL")
     workload = Workload(duration_s=duration_s, window_ms=window_ms, fault_after_s=duration_s / 4)
     with broker_from_env() as broker, postgres_from_env() as pg:
-        outcomes = asyncio.run(_bench(broker, pg, chosen, workload))
-    Console(width=200).print(table(outcomes))
+        outcomes = asyncio.run(_bench(broker, pg, chosen, workload, runs))
+    console = Console(width=200)
+    console.print(table(outcomes) if runs == 1 else runs_table(outcomes))
 
 
 if __name__ == "__main__":

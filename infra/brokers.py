@@ -47,6 +47,8 @@ class Broker(Protocol):
 
     def restart(self) -> None: ...
 
+    def halt(self) -> None: ...  # stop it keeping its data and port (`start()` brings it back)
+
     def is_alive(self) -> bool: ...
 
     def __enter__(self) -> Self: ...
@@ -96,6 +98,9 @@ class ExternalBroker:
 
     def restart(self) -> None:
         self.start()  # not ours to restart; just wait until it answers
+
+    def halt(self) -> None:
+        raise InfraError(f"Kafka at {self._bootstrap} is not ours to stop")
 
     def is_alive(self) -> bool:
         try:

@@ -117,15 +117,17 @@ logger.state.name = state.change.logger
 logger.state.level = warn
 """
 
+# SIDE: a second listener that tells its clients to come back through another port (`side_door`), where
+# a proxy can stand to cut one client off the broker alone (bench/consistency.py's partition scenario).
 # Single-node sizing: replication 1 everywhere, few partitions in the internal topics (50 by default,
 # which makes the first consumer group wait while they are created), no rebalance delay for tests.
 _SERVER_PROPERTIES = """\
 process.roles=broker,controller
 node.id={node_id}
 controller.quorum.voters={node_id}@{host}:{controller_port}
-listeners=PLAINTEXT://{host}:{port},CONTROLLER://{host}:{controller_port}
-advertised.listeners=PLAINTEXT://{host}:{port}
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listeners=PLAINTEXT://{host}:{port},SIDE://{host}:{side_port},CONTROLLER://{host}:{controller_port}
+advertised.listeners=PLAINTEXT://{host}:{port},SIDE://{host}:{side_advertised_port}
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,SIDE:PLAINTEXT,CONTROLLER:PLAINTEXT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 log.dirs={log_dirs}
@@ -169,11 +171,22 @@ class ApacheKafkaBroker(ManagedServer):
         self.start_timeout_s = start_timeout_s
         self.fetch_seconds = 0.0
         self._controller_port = controller_port
+        self._side_ports: tuple[int, int] | None = None  # (listening, advertised)
         self._cds_dump: Path | None = None
 
     @property
     def bootstrap(self) -> str:
         return f"{LOOPBACK}:{self.port}"
+
+    @property
+    def side_door(self) -> tuple[str, str]:
+        """(advertised, listening) addresses of the SIDE listener: a client bootstrapped at the first is
+        told to reach the broker there, so a proxy at the first, forwarding to the second, carries all
+        its traffic (and can cut it: infra/tcp_proxy.py). Known once the broker has started."""
+        if self._side_ports is None:
+            raise RuntimeError("the broker has not started")
+        listening, advertised = self._side_ports
+        return f"{LOOPBACK}:{advertised}", f"{LOOPBACK}:{listening}"
 
     def __repr__(self) -> str:
         return f"ApacheKafkaBroker(version={self.version!r}, bootstrap={self.bootstrap!r})"
@@ -187,6 +200,8 @@ class ApacheKafkaBroker(ManagedServer):
     def _launch(self, deadline: float) -> ServerProcess:
         if self._controller_port is None:
             self._controller_port = free_port()
+        if self._side_ports is None:
+            self._side_ports = (free_port(), free_port())
         data = self.data_dir
         (data / "logs").mkdir(parents=True, exist_ok=True)
         log_dirs = data / "kraft"
@@ -198,6 +213,8 @@ class ApacheKafkaBroker(ManagedServer):
                 host=LOOPBACK,
                 port=self.port,
                 controller_port=self._controller_port,
+                side_port=self._side_ports[0],
+                side_advertised_port=self._side_ports[1],
                 log_dirs=log_dirs,
             )
         )

@@ -311,6 +311,12 @@ class ManagedServer(abc.ABC):
             self._remove_own_data()
             atexit.unregister(self.stop)
 
+    def halt(self) -> None:
+        """Stop the server, keeping its data: `start()` brings it back on the same port (an outage as
+        long as the caller wants)."""
+        with self._lock:
+            self._stop_process()
+
     def restart(self) -> None:
         """Stop and start again on the same port with the same data (what a service sees as an outage)."""
         with self._lock:

@@ -132,12 +132,14 @@ class EventPublisher:
         key: str | None = None,
         wait: bool = True,
         headers: list[tuple[str, bytes]] | None = None,
+        on_settled: Callable[[BaseException | None], None] | None = None,
     ) -> None:
         """Send `event` (to its catalogue topic unless `topic` is given, already qualified).
 
         `wait=True` returns once the broker acknowledged it; `wait=False` returns as soon as it is
         queued in the producer's batch, for request paths that must never wait on Kafka; a failed
-        background send is logged and counted.
+        background send is logged and counted, and `on_settled` is called with None once the broker
+        acknowledged it, or with the error (the producer gave up: its request timeout).
         """
         name, record_key, payload, record_headers = self._record(event, topic, key, headers)
         # The partition is picked here, as the producer's default partitioner would, from the
@@ -150,8 +152,12 @@ class EventPublisher:
         )
         if wait:
             await self._await_ack(name, future)
-        else:
-            self._unacked.add(name, 1, future)
+            return
+        self._unacked.add(name, 1, future)
+        if on_settled is not None:
+            future.add_done_callback(
+                lambda f: on_settled(asyncio.CancelledError() if f.cancelled() else f.exception())
+            )
 
     async def partitions_of(self, events: Sequence[Event]) -> list[int]:
         """The partition `publish` sends each event to: its key's, by the producer's default

@@ -4,12 +4,13 @@ other nodes' L2 (`RemoteL2`). Adapters live in their wing (`l3/store.py`, `l2/ne
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy.typing as npt
 
+from schemas.events import CacheInvalidated
 from services.tiers.entry import Entry
 
 # --- L3: the store of record (DESIGN.md §1 L3) -----------------------------------------------------
@@ -27,8 +28,9 @@ class SemanticMatch:
 
 class ValueStore(ABC):
     @abstractmethod
-    async def put(self, entry: Entry) -> None:
-        """Persist descriptor, tags and value together (replacing what `entry.key` had)."""
+    async def put(self, entry: Entry, *, announce: CacheInvalidated | None = None) -> None:
+        """Persist descriptor, tags and value together (replacing what `entry.key` had), and
+        `announce`, the invalidation the write owes every node, in the outbox: one transaction."""
 
     @abstractmethod
     async def get(self, key: str, now_ms: int) -> Entry | None:
@@ -72,7 +74,8 @@ class DescriptorStore(ABC):
         return [] if match is None else [match]
 
     @abstractmethod
-    async def delete(self, key: str) -> bool: ...
+    async def delete(self, key: str, *, announce: CacheInvalidated | None = None) -> bool:
+        """Drop `key`; `announce` goes into the outbox in the same transaction (as for `put`)."""
 
     @abstractmethod
     async def delete_bound_to(self, trace_id: str) -> list[str]:
@@ -82,8 +85,29 @@ class DescriptorStore(ABC):
     async def delete_expired(self, now_ms: int, limit: int = 1000) -> int: ...
 
 
-class L3Store(ValueStore, DescriptorStore, ABC):
-    """What the tiered cache needs from L3: both ports in one adapter."""
+#: Sends `(key, JSON)` invalidations and returns once the broker acknowledged every one (or raises).
+Send = Callable[[list[tuple[str, bytes]]], Awaitable[None]]
+
+
+class OutboxStore(ABC):
+    """The durable outbox (the transactional outbox pattern): each invalidation a write owes is recorded
+    with the write (`put`/`delete`'s `announce`). Its node publishes it at once and, once the broker
+    acknowledged it, calls `outbox_sent`; what stays unacknowledged past a grace period (its node died
+    or cannot reach the broker) any node relays (`relay_outbox`). Consumers ignore a repeated event."""
+
+    @abstractmethod
+    async def outbox_sent(self, event_ids: Sequence[str]) -> int:
+        """Forget these events (the broker acknowledged them); returns how many rows went."""
+
+    @abstractmethod
+    async def relay_outbox(self, send: Send, *, older_than_ms: int, limit: int = 500) -> int:
+        """Hand `send` up to `limit` events recorded at least `older_than_ms` ago, oldest first, and
+        forget them once it returns; if it raises they stay (for the next relay). Rows another relay
+        holds are skipped. Returns how many were relayed."""
+
+
+class L3Store(ValueStore, DescriptorStore, OutboxStore, ABC):
+    """What the tiered cache needs from L3: the three ports in one adapter."""
 
     async def find(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import time
@@ -28,6 +29,7 @@ from schemas.events import (
     WarmupRequested,
     now_ms,
 )
+from schemas.topics import qualified
 from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.service import Loop, Service
@@ -123,6 +125,8 @@ class TiersService(Service):
         self._wake = asyncio.Event()
         self.published_invalidations = 0
         self.publish_errors = 0
+        # Ids of invalidations the broker acknowledged, for the outbox sweep to forget (a batch each).
+        self._acknowledged: list[str] = []
         self._delayed_commands: set[asyncio.Task[None]] = set()
         self._invalidations: EventConsumer | None = None
 
@@ -154,7 +158,9 @@ class TiersService(Service):
         # Registered after the publisher, so it runs before the publisher stops: queued events go out.
         stack.push_async_callback(self._drain_outbox)
         db = await self.open_database(stack)
-        self.l3 = PostgresL3Store(db, dim=s.embedding_dim)
+        self.l3 = PostgresL3Store(
+            db, dim=s.embedding_dim, outbox_topic=qualified(CacheInvalidated.topic, s.kafka.topic_namespace)
+        )
         l2 = None
         if s.l2_pages:
             pool = self._block_pool(s)
@@ -351,7 +357,13 @@ class TiersService(Service):
             await server.stop()
 
     def loops(self) -> Sequence[Loop]:
-        return (self._send_events, self._housekeeping, self._api_ticks, self._watch_hearing)
+        return (
+            self._send_events,
+            self._sweep_outbox,
+            self._housekeeping,
+            self._api_ticks,
+            self._watch_hearing,
+        )
 
     # --- consumers ------------------------------------------------------------------------------
 
@@ -439,12 +451,57 @@ class TiersService(Service):
         assert self.publisher is not None
         for event in outbox.take_due():
             try:
-                await self.publisher.publish(event, wait=False)
+                await self.publisher.publish(
+                    event, wait=False, on_settled=functools.partial(self._settled, outbox, event)
+                )
                 self.published_invalidations += 1
             except Exception as exc:  # broker unreachable: try again shortly, never crash the loop
-                self.publish_errors += 1
-                log.warning("invalidation publish failed; retrying", extra={"error": repr(exc)})
-                outbox.invalidation(event, delay_ms=_REPUBLISH_DELAY_MS)
+                self._settled(outbox, event, exc)
+
+    def _settled(self, outbox: Outbox, event: CacheInvalidated, error: BaseException | None) -> None:
+        """The broker has `event` (its outbox row can go), or the send failed (past the producer's
+        request timeout, say): it is queued again; the outbox row stays until some node relays it."""
+        if error is None:
+            if event.attempt == 1:  # the one L3 recorded with the write
+                self._acknowledged.append(event.event_id)
+            return
+        self.publish_errors += 1
+        outbox.send_failures += 1
+        log.warning("invalidation publish failed; retrying", extra={"error": repr(error)})
+        outbox.invalidation(event, delay_ms=_REPUBLISH_DELAY_MS)
+
+    async def _sweep_outbox(self) -> None:
+        """Every outbox_sweep_ms: forget the invalidations the broker acknowledged, and relay (publish,
+        acknowledged, then forget) those still there past outbox_relay_after_ms, whoever wrote them."""
+        assert self.l3 is not None and self.publisher is not None and self.cache is not None
+        s, publisher = self.settings, self.publisher
+
+        # The rows a relay takes are locked until the broker has them: bounded, so a relay cut off from
+        # the broker midway leaves them to the others soon.
+        send_timeout_s = max(1.0, s.outbox_relay_after_ms / 1000)
+
+        async def send(items: list[tuple[str, bytes]]) -> None:
+            async with asyncio.timeout(send_timeout_s):
+                await publisher.publish_encoded(CacheInvalidated, items, wait=True)
+
+        while True:
+            await asyncio.sleep(s.outbox_sweep_ms / 1000)
+            done, self._acknowledged = self._acknowledged, []
+            try:
+                if done:
+                    await self.l3.outbox_sent(done)
+                if self._reaches_broker():
+                    relayed = await self.l3.relay_outbox(send, older_than_ms=s.outbox_relay_after_ms)
+                    self.cache.outbox.relayed += relayed
+            except Exception as exc:  # L3 or the broker away: the rows wait (a forgotten id is relayed)
+                log.warning("outbox sweep failed; trying again", extra={"error": repr(exc)})
+
+    def _reaches_broker(self) -> bool:
+        """Whether the broker answered this node's fetches lately: a node cut off from it leaves the
+        relay to the others (it would hold the rows it took until its send timed out)."""
+        assert self.cache is not None
+        heard = self.cache.heard_at_ms
+        return heard is not None and self.cache.wall_ms() - heard <= self.settings.outbox_relay_after_ms / 2
 
     async def _publish_access(self, outbox: Outbox) -> None:
         assert self.publisher is not None

@@ -122,6 +122,11 @@ class TiersSettings(ServiceSettings):
     # --- release safety (seed §4.4) ----------------------------------------------------------
     # Delayed double delete: the invalidation goes again this long after the write.
     double_delete_delay_ms: Annotated[int, Field(ge=0)] = 200
+    # The outbox (L3's cache_outbox): an invalidation the broker has not acknowledged this long after its
+    # write is relayed by whichever node sweeps first (every outbox_sweep_ms): its node died, or cannot
+    # reach the broker. The grace keeps the relay out of the way of a node's own publish.
+    outbox_relay_after_ms: Annotated[int, Field(gt=0)] = 1_000
+    outbox_sweep_ms: Annotated[int, Field(gt=0)] = 250
     # Circuit breaker around L3: open when the P99 of recent calls exceeds this.
     l3_breaker_p99_ms: Annotated[float, Field(gt=0)] = 150.0
     l3_breaker_window: Annotated[int, Field(gt=0)] = 200

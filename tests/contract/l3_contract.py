@@ -10,6 +10,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from schemas.events import CacheInvalidated
+from schemas.wire import decode
 from services.tiers.entry import Entry, EntryMeta, encode_text
 from services.tiers.ports import L3Rejected, L3Store
 
@@ -33,6 +35,26 @@ def entry(key: str, text: str = "an answer", **meta: object) -> Entry:
     fields: dict[str, object] = {"kind": "prompt", "model": "m", "created_at_ms": NOW, "updated_at_ms": NOW}
     fields.update(meta)
     return Entry(EntryMeta(key=key, **fields), encode_text(text, model=str(fields["model"])))  # type: ignore[arg-type]
+
+
+def invalidation(key: str, reason: str) -> CacheInvalidated:
+    return CacheInvalidated(key=key, reason=reason, origin_node_id="n1", occurred_at_ms=NOW)  # type: ignore[arg-type]
+
+
+class Sent:
+    """A relay's `send` that keeps what it was given."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[str, bytes]] = []
+
+    async def __call__(self, items: list[tuple[str, bytes]]) -> None:
+        self.items.extend(items)
+
+    def ids(self) -> list[str]:
+        return [decode(payload).event_id for _, payload in self.items]
+
+    def keys(self) -> list[str]:
+        return [key for key, _ in self.items]
 
 
 class L3StoreContract:
@@ -207,6 +229,50 @@ class L3StoreContract:
             await store.put(Entry(meta, written.blob))
         got = await store.get("q:1", NOW)
         assert got is not None and got.blob == good.blob and got.meta.semantic_tags == {"lang": "en"}
+
+    # --- the outbox ---------------------------------------------------------------------------
+
+    async def test_a_write_and_a_delete_record_their_invalidations_for_the_relay(
+        self, store: L3Store
+    ) -> None:
+        wrote, deleted = invalidation("q:1", "write"), invalidation("q:1", "delete")
+        await store.put(entry("q:1"), announce=wrote)
+        await store.delete("q:1", announce=deleted)
+        sent = Sent()
+        assert await store.relay_outbox(sent, older_than_ms=0) == 2
+        assert sent.ids() == [wrote.event_id, deleted.event_id] and sent.keys() == ["q:1", "q:1"]
+        assert await store.relay_outbox(sent, older_than_ms=0) == 0, "relayed once, then gone"
+
+    async def test_a_refused_write_records_no_invalidation(self, store: L3Store) -> None:
+        bad = entry("q:1", semantic_tags={"t" * 129: "x"})  # refused after the descriptor went in
+        with pytest.raises(L3Rejected):
+            await store.put(bad, announce=invalidation("q:1", "write"))
+        assert await store.relay_outbox(Sent(), older_than_ms=0) == 0
+
+    async def test_a_failed_send_leaves_the_invalidations_for_the_next_relay(self, store: L3Store) -> None:
+        wrote = invalidation("q:1", "write")
+        await store.put(entry("q:1"), announce=wrote)
+
+        async def broker_away(items: list[tuple[str, bytes]]) -> None:
+            raise ConnectionError("no broker")
+
+        with pytest.raises(ConnectionError):
+            await store.relay_outbox(broker_away, older_than_ms=0)
+        sent = Sent()
+        assert await store.relay_outbox(sent, older_than_ms=0) == 1 and sent.ids() == [wrote.event_id]
+
+    async def test_the_relay_waits_out_the_grace_and_acknowledged_events_are_forgotten(
+        self, store: L3Store
+    ) -> None:
+        first, second = invalidation("q:1", "write"), invalidation("q:2", "write")
+        await store.put(entry("q:1"), announce=first)
+        await store.put(entry("q:2"), announce=second)
+        assert await store.relay_outbox(Sent(), older_than_ms=60_000) == 0, "younger than the grace"
+        assert await store.outbox_sent([first.event_id, "never-recorded"]) == 1
+        sent = Sent()
+        assert await store.relay_outbox(sent, older_than_ms=0, limit=5) == 1 and sent.ids() == [
+            second.event_id
+        ]
 
     # --- semantic search ----------------------------------------------------------------------
 

@@ -8,11 +8,16 @@ DATABASE_URL point at shared ones (run them without the shared env)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import time
 
+import asyncpg
 import pytest
 
-from bench.consistency import SKEW_MS, Outcome, Workload, mesh, run_scenario
+from bench.consistency import SKEW_MS, Mesh, Outcome, Workload, mesh, run_scenario, scenario_mesh
+from schemas.events import CacheInvalidated
+from schemas.topics import qualified
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -32,6 +37,19 @@ def _workload(**overrides: float) -> Workload:
         "after_fault_s": 2.5,
     }
     return Workload(**{**base, **overrides})  # type: ignore[arg-type]
+
+
+async def _outbox_drained(m: Mesh, dsn: str, timeout_s: float = 20.0) -> None:
+    """Until the broker has acknowledged every invalidation the mesh's writes recorded in L3's outbox."""
+    topic = qualified(CacheInvalidated.topic, m.services[0].settings.kafka.topic_namespace)
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while (left := await conn.fetchval("SELECT count(*) FROM cache_outbox WHERE topic = $1", topic)) > 0:
+            assert time.monotonic() < deadline, f"{left} invalidations never reached the broker"
+            await asyncio.sleep(0.1)
+    finally:
+        await conn.close()
 
 
 def _assert_consistent(outcome: Outcome) -> None:
@@ -63,6 +81,38 @@ async def test_a_broker_restart_mid_load_stays_consistent(kafka, postgres) -> No
         workload = _workload(window_ms=BROKER_RESTART_WINDOW_MS, after_fault_s=6.0)
         outcome = await run_scenario("restart-broker", m, workload, broker=kafka)
     _assert_consistent(outcome)
+
+
+@pytest.mark.skipif(bool(os.environ.get("KAFKA_BOOTSTRAP")), reason="stops the broker: needs its own")
+async def test_scenario_broker_away_past_the_send_timeout_loses_no_invalidation(kafka, postgres) -> None:
+    """The broker stays down past the producers' send timeout under load: what they buffered expires,
+    and reaches every node all the same (re-sent, and relayed from L3's outbox)."""
+    async with scenario_mesh("broker-away", kafka, postgres.dsn) as m:
+        workload = _workload(window_ms=BROKER_RESTART_WINDOW_MS, after_fault_s=6.0)
+        outcome = await run_scenario("broker-away", m, workload, broker=kafka)
+        stats = [await n.stats() for n in m.nodes]
+        await _outbox_drained(m, postgres.dsn)
+    _assert_consistent(outcome)
+    assert (
+        outcome.fault_s is not None
+        and outcome.fault_s * 1000 > 2 * m.services[0].settings.kafka.request_timeout_ms
+    )
+    assert sum(s["outbox"]["send_failures"] for s in stats) > 0, "sends timed out while the broker was away"
+
+
+@pytest.mark.skipif(
+    bool(os.environ.get("KAFKA_BOOTSTRAP")), reason="needs the embedded broker's SIDE listener"
+)
+async def test_scenario_partition_of_one_node_from_the_broker_stays_consistent(kafka, postgres) -> None:
+    """Node c loses the broker (a black hole) while clients, Postgres and its peers still reach it: its
+    acknowledged writes reach the other nodes through the outbox, relayed by them; c, deaf, reads L3."""
+    async with scenario_mesh("partition", kafka, postgres.dsn) as m:
+        outcome = await run_scenario("partition", m, _workload(after_fault_s=3.0), broker=kafka)
+        relayed = sum([(await n.stats())["outbox"]["relayed"] for n in m.nodes[:2]])
+        await _outbox_drained(m, postgres.dsn)
+    _assert_consistent(outcome)
+    c_writes = [op for op in outcome.history if op.kind == "write" and op.node == "c" and op.status == "ok"]
+    assert c_writes and relayed > 0, (len(c_writes), relayed)
 
 
 @pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")), reason="restarts Postgres: needs its own")

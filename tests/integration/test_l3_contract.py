@@ -54,7 +54,7 @@ async def contract_db(postgres) -> AsyncIterator[Database]:  # type: ignore[no-u
 class TestPostgresL3Store(SemanticL3Contract):
     @pytest.fixture
     async def store(self, contract_db: Database) -> PostgresL3Store:
-        await contract_db.execute("TRUNCATE cache_descriptors CASCADE")
-        store = PostgresL3Store(contract_db, dim=DIM)
+        await contract_db.execute("TRUNCATE cache_descriptors, cache_outbox CASCADE")
+        store = PostgresL3Store(contract_db, dim=DIM, outbox_topic="contract.cache.invalidated")
         assert store.semantic, "the contract's Postgres needs pgvector (the embedded server has it)"
         return store

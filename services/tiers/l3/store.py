@@ -3,7 +3,8 @@
 `ValueStore` keeps encoded values (codec.py: tensor header + raw payload) by key; `DescriptorStore`
 keeps the descriptors with their semantic tags and answers semantic lookups. `PostgresL3Store`
 implements both over asyncpg: `cache_descriptors` + `semantic_tags` + `cache_values` (migration 0006),
-one transaction per write. Semantic search uses pgvector's HNSW cosine index when the extension
+one transaction per write, with the invalidation the write owes in `cache_outbox` (migration 0010; the
+outbox port of ports.py). Semantic search uses pgvector's HNSW cosine index when the extension
 exists; without it L3 answers exact keys only, and says so once with a warning.
 """
 
@@ -18,9 +19,11 @@ import asyncpg
 import numpy as np
 import numpy.typing as npt
 
+from schemas.events import CacheInvalidated
+from schemas.wire import encode
 from services.runtime.postgres import Database
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.ports import L3Rejected, L3Store, SemanticMatch
+from services.tiers.ports import L3Rejected, L3Store, SemanticMatch, Send
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,12 @@ _REPLACE_TAGS = (
     "INSERT INTO semantic_tags (key, tag, value) SELECT $1, u.tag, u.value "
     "FROM unnest($2::text[], $3::text[]) AS u(tag, value)"
 )
+_OUTBOX_INSERT = "INSERT INTO cache_outbox (event_id, topic, key, payload) VALUES ($1, $2, $3, $4)"
+_OUTBOX_DUE = """
+SELECT seq, key, payload FROM cache_outbox
+WHERE topic = $1 AND created_at <= clock_timestamp() - make_interval(secs => $2::float8 / 1000)
+ORDER BY seq LIMIT $3 FOR UPDATE SKIP LOCKED
+"""
 _UPSERT_VALUE = """
 INSERT INTO cache_values (key, value, checksum, updated_at_ms) VALUES ($1, $2, $3, $4)
 ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, checksum = EXCLUDED.checksum,
@@ -84,11 +93,14 @@ def _entry(row: asyncpg.Record) -> Entry:
 
 
 class PostgresL3Store(L3Store):
-    """L3 on Postgres; `db` must have had `apply_migrations` run (the service does that at start)."""
+    """L3 on Postgres; `db` must have had `apply_migrations` run (the service does that at start).
+    `outbox_topic`: the (qualified) topic of the invalidations this node's outbox rows go to, and the
+    only rows its relay takes (None: no broker, nothing recorded)."""
 
-    def __init__(self, db: Database, *, dim: int) -> None:
+    def __init__(self, db: Database, *, dim: int, outbox_topic: str | None = None) -> None:
         self.db = db
         self.dim = dim
+        self.outbox_topic = outbox_topic
         self.semantic = db.has_vector
         if not self.semantic:
             log.warning(
@@ -105,7 +117,13 @@ class PostgresL3Store(L3Store):
         # pgvector's codec takes numpy; the plain real[] column takes a list.
         return vec if self.semantic else vec.tolist()
 
-    async def put(self, entry: Entry) -> None:
+    async def _record(self, conn: asyncpg.Connection, announce: CacheInvalidated | None) -> None:
+        if announce is not None and self.outbox_topic is not None:
+            await conn.execute(
+                _OUTBOX_INSERT, announce.event_id, self.outbox_topic, announce.key, encode(announce)
+            )
+
+    async def put(self, entry: Entry, *, announce: CacheInvalidated | None = None) -> None:
         m = entry.meta
         try:
             embedding = self._embedding_param(m.embedding)
@@ -116,6 +134,7 @@ class PostgresL3Store(L3Store):
         checksum = zlib.crc32(entry.blob)
 
         async def write(conn: asyncpg.Connection) -> None:
+            await self._record(conn, announce)
             status = await conn.execute(
                 _UPSERT_DESCRIPTOR,
                 m.key,
@@ -304,9 +323,38 @@ class PostgresL3Store(L3Store):
         )
         return list(await self.db.fetch(f"{exact} UNION ALL {near}", *args))
 
-    async def delete(self, key: str) -> bool:
-        status = await self.db.execute("DELETE FROM cache_descriptors WHERE key = $1", key)
-        return bool(status == "DELETE 1")
+    async def delete(self, key: str, *, announce: CacheInvalidated | None = None) -> bool:
+        async def drop(conn: asyncpg.Connection) -> bool:
+            await self._record(conn, announce)
+            return bool(await conn.execute("DELETE FROM cache_descriptors WHERE key = $1", key) == "DELETE 1")
+
+        return await self.db.run(drop)
+
+    async def outbox_sent(self, event_ids: Sequence[str]) -> int:
+        if not event_ids:
+            return 0
+        status = await self.db.execute(
+            "DELETE FROM cache_outbox WHERE event_id = ANY($1::text[])", list(event_ids)
+        )
+        return int(status.split()[-1])
+
+    async def relay_outbox(self, send: Send, *, older_than_ms: int, limit: int = 500) -> int:
+        if self.outbox_topic is None:
+            return 0
+        topic = self.outbox_topic
+
+        async def relay(conn: asyncpg.Connection) -> int:
+            # The rows stay locked (other relays skip them) until they are sent and gone, or the send
+            # fails and the transaction rolls back: a row is deleted only once the broker has it.
+            rows = await conn.fetch(_OUTBOX_DUE, topic, older_than_ms, limit)
+            if rows:
+                await send([(r["key"], bytes(r["payload"])) for r in rows])
+                await conn.execute(
+                    "DELETE FROM cache_outbox WHERE seq = ANY($1::bigint[])", [r["seq"] for r in rows]
+                )
+            return len(rows)
+
+        return await self.db.run(relay)
 
     async def delete_bound_to(self, trace_id: str) -> list[str]:
         rows = await self.db.run(

@@ -16,6 +16,7 @@ class Counters:
     puts: int = 0
     deletes: int = 0
     invalidations_received: int = 0
+    invalidations_repeated: int = 0  # one already applied, sent again (the outbox relay): ignored
     invalidated_entries: int = 0
     heat_evictions: int = 0
     heat_keep_alives: int = 0

@@ -99,6 +99,8 @@ class OutboxStats:
     queued_invalidations: int
     dropped_access: int
     dropped_invalidations: int
+    send_failures: int  # invalidations the broker did not take (sent again; L3's outbox row stays)
+    relayed: int  # invalidations this node relayed from L3's outbox (another node's, or its own late)
 
 
 class Outbox:
@@ -120,6 +122,8 @@ class Outbox:
         self._seq = itertools.count()
         self.dropped_access = 0
         self.dropped_invalidations = 0
+        self.send_failures = 0  # counted by the sender (the service)
+        self.relayed = 0
 
     def access(self, record: AccessRecord) -> None:
         if len(self._access) >= self.max_access:
@@ -159,4 +163,6 @@ class Outbox:
             queued_invalidations=len(self._due),
             dropped_access=self.dropped_access,
             dropped_invalidations=self.dropped_invalidations,
+            send_failures=self.send_failures,
+            relayed=self.relayed,
         )

@@ -100,6 +100,8 @@ class TierReads:
         self._bound_count = 0
         # Ids of tier commands applied, oldest first (TieredCache.on_command refuses a redelivery).
         self._applied_commands: dict[str, None] = {}
+        # Ids of invalidations applied, oldest first: the outbox relay may send one again.
+        self._applied_invalidations: dict[str, None] = {}
         # key -> when the newest write (or delete) of it this node has heard of happened: a copy older
         # than that is neither served nor placed (an L3 row a write-behind has not reached, a read that
         # raced the invalidation, a peer's copy not dropped yet). The oldest are forgotten past the bound.

@@ -4,10 +4,10 @@ reads.py, walking the lookup plan of plan.py) plus writes, L3 write-behind, even
 - put (write-with-sync, seed §1.3): L3 first (the store of record), then L1 and L2; entries on this
   node at least `similarity_tolerance` similar go at once, unless the match guards say the two prompts
   ask different questions (matcher.py `same_question`: "How do I not reset my password?" leaves "How do
-  I reset my password?" alone); a `CacheInvalidated` (key, embedding,
-  threshold, trace id) is queued for every node, and again `double_delete_delay_ms` later (delayed
-  double delete, seed §4.4). Access records are queued for `cache.access.v1`. Nothing here waits on
-  Kafka: the outbox is drained by the service.
+  I reset my password?" alone); a `CacheInvalidated` (key, embedding, threshold, trace id), recorded
+  in L3's outbox by the write's own transaction, is queued for every node, and again
+  `double_delete_delay_ms` later (delayed double delete, seed §4.4). Access records are queued for
+  `cache.access.v1`. Nothing here waits on Kafka: the outbox is drained by the service.
 - L3 sits behind a latency circuit breaker (seed §4.4: open when its P99 > 150 ms); while it is open
   lookups are served from L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
 - Degrade to local-only (seed §4.4, degrade.py): when the hit rate over a window falls below 85%, lookups
@@ -46,6 +46,7 @@ __all__ = ["BlockPut", "L3Unavailable", "Lookup", "PutResult", "Query", "TieredC
 log = logging.getLogger(__name__)
 
 _REMEMBERED_COMMANDS = 10_000  # command ids kept to refuse a redelivery (beyond the consumer's window)
+_REMEMBERED_INVALIDATIONS = 100_000  # invalidation ids kept to ignore one the outbox relay sends again
 
 
 @dataclass(slots=True)
@@ -97,10 +98,24 @@ class TieredCache(TierReads):
         now = self.clock.now()
         meta = replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob))
         entry = Entry(meta, blob)
-        persisted = await self._persist(entry)  # raises when the write is refused: nothing changed here
+        threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
+        event = CacheInvalidated(
+            key=meta.key,
+            reason="write",
+            model=meta.model,
+            embedding=None if meta.embedding is None else meta.embedding.astype(float).tolist(),
+            similarity_threshold=threshold if meta.embedding is not None else None,
+            trace_id=meta.trace_id,
+            origin_node_id=self.node_id,
+            attempt=1,
+            occurred_at_ms=now,
+            prompt_text=meta.prompt_text if meta.embedding is not None else None,
+        )
+        # L3 records the invalidation with the write (its outbox): every node hears of an acknowledged
+        # write even if this node dies or loses the broker before it publishes.
+        persisted = await self._persist(entry, event)  # raises when refused: nothing changed here
         # From now on no older copy is served or placed (one placed while L3 wrote is dropped below).
         self.fence(meta.key, now)
-        threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
         dropped: set[str] = set()
         if meta.embedding is not None:
             dropped = self._stale_neighbours(meta.embedding, threshold, meta.prompt_text, meta.model) - {
@@ -115,20 +130,7 @@ class TieredCache(TierReads):
             tiers = (*tiers, "l3")
         self.counters.puts += 1
         self.counters.invalidated_entries += len(dropped)
-        self._publish_invalidation(
-            CacheInvalidated(
-                key=meta.key,
-                reason="write",
-                model=meta.model,
-                embedding=None if meta.embedding is None else meta.embedding.astype(float).tolist(),
-                similarity_threshold=threshold if meta.embedding is not None else None,
-                trace_id=meta.trace_id,
-                origin_node_id=self.node_id,
-                attempt=1,
-                occurred_at_ms=now,
-                prompt_text=meta.prompt_text if meta.embedding is not None else None,
-            )
-        )
+        self._publish_invalidation(event)
         return PutResult(meta.key, len(blob), tiers, persisted, tuple(sorted(dropped)), now)
 
     async def put_blocks(self, items: list[tuple[EntryMeta, bytes]]) -> list[BlockPut]:
@@ -174,11 +176,12 @@ class TieredCache(TierReads):
                 stale.add(key)
         return stale
 
-    async def _persist(self, entry: Entry) -> bool:
-        """Write to L3 now if the breaker allows; otherwise queue it (bounded) for `flush_pending`."""
+    async def _persist(self, entry: Entry, announce: CacheInvalidated | None = None) -> bool:
+        """Write to L3 now if the breaker allows (with `announce` in its outbox); otherwise queue it
+        (bounded) for `flush_pending`."""
         key = entry.key
         if key not in self._pending and self.l3 is not None:
-            ran, _ = await self._l3_call(self.l3.put, entry)
+            ran, _ = await self._l3_call(self.l3.put, entry, announce=announce)
             if ran:
                 return True
         if self.l3 is None:
@@ -213,7 +216,7 @@ class TieredCache(TierReads):
             existed = True
         event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         if self.l3 is not None:
-            ran, gone = await self._l3_call(self.l3.delete, key)
+            ran, gone = await self._l3_call(self.l3.delete, key, announce=event)
             if ran:
                 existed = existed or bool(gone)
             elif not self.write_behind:
@@ -265,8 +268,15 @@ class TieredCache(TierReads):
     def on_invalidated(self, event: CacheInvalidated) -> list[str]:
         """Drop local entries at least `similarity_threshold` similar to the written embedding that ask
         the same question (the guards, when the event carries the written prompt), and the key itself
-        unless this node wrote it (or already holds this write or a newer one)."""
+        unless this node wrote it (or already holds this write or a newer one). An event applied before
+        (the outbox relay sends again what it cannot know was delivered) is ignored."""
         self.counters.invalidations_received += 1
+        if event.event_id in self._applied_invalidations:
+            self.counters.invalidations_repeated += 1
+            return []
+        self._applied_invalidations[event.event_id] = None
+        while len(self._applied_invalidations) > _REMEMBERED_INVALIDATIONS:
+            del self._applied_invalidations[next(iter(self._applied_invalidations))]
         if event.origin_node_id != self.node_id:
             self.clock.observe(event.occurred_at_ms)
         self.fence(event.key, event.occurred_at_ms)

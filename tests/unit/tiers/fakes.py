@@ -5,6 +5,7 @@ suite as `PostgresL3Store` (tests/contract/l3_contract.py), so it refuses what P
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -12,13 +13,15 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from schemas.events import CacheInvalidated
+from schemas.wire import encode
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.vector_index import normalize
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.net.frames import QpInfo, ServerHello, decode_client_hello, encode_server_hello
 from services.tiers.l2.net.rdma import RdmaEndpoint
 from services.tiers.l2.net.rdma_plan import RdmaOp
-from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, SemanticMatch
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, SemanticMatch, Send
 
 
 class Clock:
@@ -103,6 +106,27 @@ class MemoryL3(L3Store):
         self.fail = fail
         self.calls = 0
         self.reject: set[str] = set()  # keys whose writes L3 refuses as bad data
+        # The outbox: (event id, key, JSON, monotonic ms recorded), oldest first.
+        self.outbox: list[tuple[str, str, bytes, float]] = []
+
+    def _record(self, announce: CacheInvalidated | None) -> None:
+        if announce is not None:
+            self.outbox.append((announce.event_id, announce.key, encode(announce), time.monotonic() * 1000))
+
+    async def outbox_sent(self, event_ids: Sequence[str]) -> int:
+        self._call()
+        ids, before = set(event_ids), len(self.outbox)
+        self.outbox = [row for row in self.outbox if row[0] not in ids]
+        return before - len(self.outbox)
+
+    async def relay_outbox(self, send: Send, *, older_than_ms: int, limit: int = 500) -> int:
+        self._call()
+        due_by = time.monotonic() * 1000 - older_than_ms
+        due = [row for row in self.outbox if row[3] <= due_by][:limit]
+        if due:
+            await send([(key, payload) for _, key, payload, _ in due])
+            self.outbox = [row for row in self.outbox if row not in due]
+        return len(due)
 
     def _call(self) -> None:
         self.calls += 1
@@ -115,13 +139,14 @@ class MemoryL3(L3Store):
         expires = entry.meta.expires_at_ms
         return expires is None or expires > now_ms
 
-    async def put(self, entry: Entry) -> None:
+    async def put(self, entry: Entry, *, announce: CacheInvalidated | None = None) -> None:
         self._call()
         if entry.key in self.reject:
             raise L3Rejected(f"L3 refused {entry.key!r}")
         why = _refusal(entry.meta, self.dim, self.semantic)
         if why is not None:
             raise L3Rejected(f"L3 refused {entry.key!r}: {why}")
+        self._record(announce)
         m = entry.meta
         before = self.rows.get(entry.key)
         if before is not None and before.meta.updated_at_ms > m.updated_at_ms:
@@ -200,8 +225,9 @@ class MemoryL3(L3Store):
         found = self._scored(embedding, now_ms, model, candidates)
         return [SemanticMatch(e, sim) for sim, e in found if sim >= min_similarity]
 
-    async def delete(self, key: str) -> bool:
+    async def delete(self, key: str, *, announce: CacheInvalidated | None = None) -> bool:
         self._call()
+        self._record(announce)
         return self.rows.pop(key, None) is not None
 
     async def delete_bound_to(self, trace_id: str) -> list[str]:

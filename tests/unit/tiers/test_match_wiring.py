@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from policies.recency.lru import LRU
-from schemas.events import CacheInvalidated, HeatScored
+from schemas.events import CacheInvalidated, HeatScored, new_event_id
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
@@ -197,5 +197,5 @@ async def test_a_write_invalidates_neighbours_of_its_own_model_only() -> None:
         prompt_text=PARAPHRASE,
     )
     assert "other:pw" not in rig.cache.on_invalidated(event)
-    event = event.model_copy(update={"model": "m2"})
+    event = event.model_copy(update={"model": "m2", "event_id": new_event_id()})  # another event
     assert "other:pw" in rig.cache.on_invalidated(event)

@@ -19,6 +19,7 @@ from schemas.events import (
     HeatScored,
     PromotionRequested,
     WarmupRequested,
+    new_event_id,
 )
 from services.tiers.entry import Entry, EntryMeta, decode_value, encode_text
 from services.tiers.l1.cache import L1Cache
@@ -438,6 +439,43 @@ async def test_durable_by_default_a_write_or_delete_l3_did_not_take_is_refused_n
     rig.l3.fail = False
     rig.clock.advance(10_000)
     assert await rig.cache.delete("k") and "k" not in rig.l3.rows
+
+
+async def test_an_acknowledged_write_or_delete_leaves_its_invalidation_in_l3s_outbox() -> None:
+    # The outbox row is what reaches every node when this one dies before it publishes: the same event
+    # (same id, so a receiver ignores the second copy) as the one queued for the broker.
+    rig = make()
+    await rig.cache.put(meta("k", unit(RNG, DIM)), encode_text("v", model="m"))
+    await rig.cache.delete("k")
+    queued = [e for e in rig.cache.outbox.take_due() if e.attempt == 1]
+    assert [row[0] for row in rig.l3.outbox] == [e.event_id for e in queued]
+    assert [e.reason for e in queued] == ["write", "delete"]
+    rig.l3.fail = True
+    with pytest.raises(L3Unavailable):
+        await rig.cache.put(meta("w"), encode_text("w", model="m"))
+    assert len(rig.l3.outbox) == 2, "a refused write owes nobody an invalidation"
+
+
+async def test_an_invalidation_heard_twice_is_applied_once() -> None:
+    # The relay sends again what it cannot know was delivered; applied twice, a write's semantic
+    # invalidation would drop a neighbour written after it.
+    rig = make(node="b")
+    v = unit(RNG, DIM)
+    event = CacheInvalidated(
+        key="q",
+        embedding=v.astype(float).tolist(),
+        similarity_threshold=0.9,
+        origin_node_id="a",
+        occurred_at_ms=rig.clock() + 1,
+    )
+    await rig.cache.put(meta("k", v), encode_text("v", model="m"))
+    assert rig.cache.on_invalidated(event) == ["k"]
+    rig.clock.advance(5)
+    await rig.cache.put(meta("k2", v), encode_text("written after", model="m"))
+    assert rig.cache.on_invalidated(event) == [] and "k2" in rig.cache.l1
+    assert rig.cache.counters.invalidations_repeated == 1
+    fresh = event.model_copy(update={"event_id": new_event_id()})
+    assert rig.cache.on_invalidated(fresh) == ["k2"], "another event with the same content still applies"
 
 
 async def test_delete_goes_everywhere_and_is_published() -> None:
