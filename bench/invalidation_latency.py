@@ -9,7 +9,10 @@ event announces it). A write is consistent everywhere once no other node holds i
 look entries up on every node meanwhile (`--reads` per second, in batches). A quiet run (`--quiet-rate`,
 the same nodes) is printed beside it.
 
-Prints the table, writes `bench/results/invalidation_latency.json` —
+Beside the latencies it reports where the CPU went (the machine's busy time per change, all processes,
+and the nodes' process alone) and the change rate the machine's cores could carry at that cost (a bound:
+past it the backlog, not the design, sets the latency). Prints the table, writes
+`bench/results/invalidation_latency.json` —
 `{"p50_ms", "p99_ms", "nodes", "rate", "achieved_rate", "changes", "unfinished", "window_ms", "quiet"}`,
 where `window_ms` is what the system can promise from this run (its max, rounded up to 10 ms) — and
 draws the latency CDF beside it. Run: `python -m bench.invalidation_latency [--nodes 3] [--rate 1000]`.
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import random
 import time
 import uuid
@@ -49,6 +53,16 @@ DIM = 384
 TARGET_P99_MS = 50.0
 GIVE_UP_S = 10.0
 OLD = encode_text("old", model="m")  # a write not consistent everywhere by then counts as unfinished
+
+
+def _cpu() -> tuple[float, float, float]:
+    """(machine CPU seconds busy, wall seconds, this process's CPU seconds) so far: from /proc/stat (the
+    broker, Postgres and the nodes together) and the process clock (the nodes, the load and the watch)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, time.perf_counter(), time.process_time()
 
 
 async def _until(condition: Callable[[], bool], timeout_s: float) -> bool:
@@ -195,9 +209,11 @@ async def _phase(
         await asyncio.gather(*pending)
 
     began = time.perf_counter()
+    cpu_before = _cpu()
     writer = asyncio.create_task(write())
     await asyncio.gather(writer, watch(), read())
     elapsed = time.perf_counter() - began
+    busy, wall, own = (after - before for after, before in zip(_cpu(), cpu_before, strict=True))
     done = [x for x in latency_ms if x is not None]
     p50, p95, p99 = (float(p) for p in np.percentile(done, [50, 95, 99])) if done else (math.nan,) * 3
     return {
@@ -213,6 +229,12 @@ async def _phase(
         "seeds_refused": missing,  # stale copies L1 refused to admit (counted consistent at once)
         "reads_per_s": read_count / elapsed,
         "read_errors": read_errors,
+        # Where the CPU went: the whole machine (nodes, broker, Postgres) and this process (the nodes,
+        # the load); per change, and the rate this machine's cores could carry at that cost.
+        "cpu_cores_busy": busy / wall,
+        "cpu_ms_per_change": 1000 * busy / total,
+        "process_cpu_ms_per_change": 1000 * own / total,
+        "rate_bound": (os.cpu_count() or 1) * total / busy if busy > 0 else math.inf,
         "latencies_ms": done,
     }
 
@@ -286,6 +308,9 @@ def main(
         "p99 ms",
         "max ms",
         "unfinished",
+        "CPU ms/change (all, nodes)",
+        "cores busy",
+        "rate bound/s",
     ):
         table.add_column(column, justify="right")
     for name, r in (("quiet", quiet), ("loaded", loaded)):
@@ -298,6 +323,9 @@ def main(
             f"{r['p99_ms']:.1f}",
             f"{r['max_ms']:.1f}",
             f"{r['unfinished']}/{r['changes']}",
+            f"{r['cpu_ms_per_change']:.2f}, {r['process_cpu_ms_per_change']:.2f}",
+            f"{r['cpu_cores_busy']:.2f}/{os.cpu_count()}",
+            f"{r['rate_bound']:.0f}",
         )
     Console().print(table)
     if quiet["p99_ms"] > 0:

@@ -631,10 +631,26 @@ class TiersService(Service):
 
     # --- health ---------------------------------------------------------------------------------
 
+    def _degraded(self) -> list[str]:
+        """What a client does not get from this node now, one reason each (empty: all of it)."""
+        cache = self.cache
+        if cache is None:
+            return []
+        reasons = []
+        if cache.breaker.state != "closed":
+            writes = "queued for L3 (write-behind)" if cache.write_behind else "refused with 503 (retry)"
+            reasons.append(f"L3 breaker {cache.breaker.state}: lookups from L1/L2 only, writes {writes}")
+        if not cache.hearing:
+            reasons.append("not hearing invalidations: lookups read L3 alone")
+        if cache.local_only:
+            reasons.append("local-only: the peers' L2 is not asked (hit rate under the degrade threshold)")
+        return reasons
+
     async def checks(self) -> dict[str, Any]:
         cache = self.cache
         guard = cache.degrade.stats() if cache is not None and cache.degrade is not None else None
         return {
+            "degraded": self._degraded(),
             "api_serving": self._api is not None and self._api.started,
             "api": {
                 "url": self.api_url if self.api_port else None,

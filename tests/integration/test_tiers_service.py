@@ -263,3 +263,24 @@ async def test_text_lookup_with_minilm_and_the_bearer_token(kafka, topics_on, no
                 await client.lookup(text="x" * 9000)
             assert err.value.status == 413
         assert node.embedder.state == "ready"
+
+
+async def test_health_says_degraded_and_why_while_the_l3_breaker_is_open(
+    kafka, topics_on, node_settings
+) -> None:
+    """Every L3 call over a 0.001 ms p99 trips the breaker on real Postgres: the node still answers
+    lookups (from L1/L2) but refuses writes, and its health says so: degraded, with the reason."""
+    await topics_on(kafka)
+    settings = node_settings(
+        "trip", l3_breaker_p99_ms=0.001, l3_breaker_min_calls=3, l3_breaker_cooldown_ms=60_000
+    )
+    async with running(settings) as node, AsyncTiersClient(node.api_url) as client:
+        assert (await node.health())["status"] == "healthy"
+        for i in range(5):
+            await client.get(f"absent-{i}", model="m")  # each miss asks L3, each call is "slow"
+        health = await node.health()
+        assert health["healthy"] and health["status"] == "degraded", health
+        assert any("L3 breaker open" in reason for reason in health["degraded"]), health["degraded"]
+        with pytest.raises(TiersError) as refused:
+            await client.put("k", "v", model="m")
+        assert refused.value.status == 503
