@@ -65,6 +65,10 @@ BROKER_AWAY_S = 4.0
 # partition: node c cannot reach the broker (a black hole, infra/tcp_proxy.py) for this long, while the
 # others, Postgres and the clients still reach it: past its hearing lease and the outbox's grace.
 PARTITION_S = 4.0
+# The window the checker allows where the broker goes away: the hearing lease plus the producers'
+# reconnect (what tests/integration/test_consistency.py allows too), and load long enough past it.
+BROKER_OUTAGE_WINDOW_MS = 5_000.0
+BROKER_OUTAGE_AFTER_FAULT_S = 6.0
 # clock-skew: the nodes' clocks read seconds apart for the whole run (a behind, c ahead).
 SKEW_MS = {"a": -3_000, "b": 0, "c": 4_000}
 # The L3 breaker trips on failures and on a p99 above this. Not the 150 ms default: on a small shared
@@ -618,6 +622,12 @@ async def _bench(
             for run in range(runs):
                 async with scenario_mesh(scenario, broker, postgres.dsn) as m:
                     w = replace(workload, seed=workload.seed + run)
+                    if scenario in ("restart-broker", "broker-away"):
+                        w = replace(
+                            w,
+                            window_ms=max(w.window_ms, BROKER_OUTAGE_WINDOW_MS),
+                            after_fault_s=max(w.after_fault_s, BROKER_OUTAGE_AFTER_FAULT_S),
+                        )
                     outcome = await run_scenario(scenario, m, w, broker, postgres)
                 outcomes.append(outcome)
                 if not outcome.report.ok:

@@ -117,6 +117,7 @@ class TiersService(Service):
             )
         )
         self.publisher: EventPublisher | None = None
+        self.announcer: EventPublisher | None = None  # the invalidations' producer (may be `publisher`)
         self.l3: PostgresL3Store | None = None
         self.block_server: TcpBlockServer | None = None
         self.peers: L2Peers | None = None
@@ -154,6 +155,16 @@ class TiersService(Service):
                 f"{s.postgres.cachemesh_embedding_dim}-d (CACHEMESH_EMBEDDING_DIM)"
             )
         self.publisher = await self.open_publisher(stack)
+        # Invalidations go out on a producer of their own that does not linger: each waits for no batch
+        # to fill (the access events, many and in no hurry, keep the shared producer's linger).
+        self.announcer = self.publisher
+        if s.invalidation_linger_ms != s.kafka.linger_ms:
+            self.announcer = EventPublisher(
+                s.kafka.model_copy(update={"linger_ms": s.invalidation_linger_ms}),
+                client_id=f"{self.name}-{s.node_id}-invalidations",
+            )
+            await self.announcer.start()
+            stack.push_async_callback(self.announcer.stop)
         stack.push_async_callback(self._cancel_delayed_commands)
         # Registered after the publisher, so it runs before the publisher stops: queued events go out.
         stack.push_async_callback(self._drain_outbox)
@@ -448,10 +459,10 @@ class TiersService(Service):
                 await self._publish_access(outbox)
 
     async def _publish_due(self, outbox: Outbox) -> None:
-        assert self.publisher is not None
+        assert self.announcer is not None
         for event in outbox.take_due():
             try:
-                await self.publisher.publish(
+                await self.announcer.publish(
                     event, wait=False, on_settled=functools.partial(self._settled, outbox, event)
                 )
                 self.published_invalidations += 1
@@ -473,8 +484,8 @@ class TiersService(Service):
     async def _sweep_outbox(self) -> None:
         """Every outbox_sweep_ms: forget the invalidations the broker acknowledged, and relay (publish,
         acknowledged, then forget) those still there past outbox_relay_after_ms, whoever wrote them."""
-        assert self.l3 is not None and self.publisher is not None and self.cache is not None
-        s, publisher = self.settings, self.publisher
+        assert self.l3 is not None and self.announcer is not None and self.cache is not None
+        s, publisher = self.settings, self.announcer
 
         # The rows a relay takes are locked until the broker has them: bounded, so a relay cut off from
         # the broker midway leaves them to the others soon.

@@ -122,6 +122,9 @@ class TiersSettings(ServiceSettings):
     # --- release safety (seed §4.4) ----------------------------------------------------------
     # Delayed double delete: the invalidation goes again this long after the write.
     double_delete_delay_ms: Annotated[int, Field(ge=0)] = 200
+    # The producer linger of invalidations (a producer of their own when it differs from KAFKA_LINGER_MS,
+    # which the access events keep): an invalidation waits for no batch to fill.
+    invalidation_linger_ms: Annotated[int, Field(ge=0)] = 0
     # The outbox (L3's cache_outbox): an invalidation the broker has not acknowledged this long after its
     # write is relayed by whichever node sweeps first (every outbox_sweep_ms): its node died, or cannot
     # reach the broker. The grace keeps the relay out of the way of a node's own publish.
