@@ -555,8 +555,8 @@ def _ms(v: float | None) -> str:
 
 
 def table(outcomes: Sequence[Outcome]) -> Table:
-    window = outcomes[0].report.window_ms if outcomes else 0
-    t = Table(title=f"consistency over 3 tier nodes + invalidation (window {window:.0f} ms)")
+    windows = "/".join(f"{w:.0f}" for w in sorted({o.report.window_ms for o in outcomes}))
+    t = Table(title=f"consistency over 3 tier nodes + invalidation (window {windows} ms)")
     for col in (
         "scenario",
         "operations",
@@ -643,6 +643,7 @@ def runs_table(outcomes: Sequence[Outcome]) -> Table:
     )
     for col in (
         "scenario",
+        "window ms",
         "clean runs",
         "stale",
         "phantoms",
@@ -665,6 +666,7 @@ def runs_table(outcomes: Sequence[Outcome]) -> Table:
 
         t.add_row(
             scenario,
+            f"{reports[0].window_ms:.0f}",
             f"{sum(r.ok for r in reports)}/{len(reports)}",
             *(str(sum(getattr(r, f) for r in reports)) for f in ("stale", "phantoms", "lost", "diverged")),
             _ms(pct(50)),
