@@ -30,6 +30,15 @@ console = Console(stderr=True)
 _STYLE = {"healthy": "green", "degraded": "yellow", "starting": "yellow", "down": "red", "unhealthy": "red"}
 
 
+def _where(addresses: list[tuple[str, str]]) -> Table:
+    table = Table(title="where", title_justify="left", expand=False, show_header=False, box=None)
+    table.add_column("what")
+    table.add_column("URL")
+    for what, url in addresses:
+        table.add_row(what, f"[link={url}]{url}[/link]")
+    return table
+
+
 def _table(rows: list[tuple[str, str, str]], title: str) -> Table:
     table = Table(title=title, title_justify="left", expand=False)
     table.add_column("component")
@@ -91,6 +100,7 @@ def up(
                         for s in mesh.services:  # up, but a client does not get everything: say what
                             if s.state == "degraded":
                                 live.console.print(f"[yellow]{s.name} degraded: {s.detail}[/]")
+                        live.console.print(_where(mesh.addresses()))
                     live.update(_table(mesh.rows(), "cachemesh"))
                     if for_seconds is not None and healthy_at is not None:
                         if time.monotonic() - healthy_at >= for_seconds:
@@ -111,7 +121,7 @@ def up(
 def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False) -> None:
     """Health of every component of the mesh `cachemesh up` started: healthy, degraded (up, serving
     what it can; the detail says what not), unhealthy or down. Exit 0 when none is unhealthy or down."""
-    from infra.launcher import state_path
+    from infra.launcher import addresses, state_path
 
     try:
         state = json.loads(state_path().read_text())
@@ -122,21 +132,31 @@ def status(as_json: Annotated[bool, typer.Option("--json", help="Machine-readabl
             # stdout stays JSON of the same shape for a script: no components (exit code 3 says why)
             print(json.dumps([]))
         raise typer.Exit(3) from None
-    rows = asyncio.run(_status_rows(state))
+    rows, where = asyncio.run(_status_rows(state))
     if as_json:
-        print(json.dumps([{"component": n, "state": s, "detail": d} for n, s, d in rows]))
+        print(
+            json.dumps(
+                [{"component": n, "state": s, "detail": d, "endpoints": where.get(n, {})} for n, s, d in rows]
+            )
+        )
     else:
-        Console().print(_table(rows, "cachemesh status"))
+        out = Console()
+        out.print(_table(rows, "cachemesh status"))
+        out.print(_where(addresses(list(where.items()))))
     raise typer.Exit(0 if all(s in ("healthy", "degraded") for _, s, _ in rows) else 1)
 
 
-async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
+async def _status_rows(
+    state: dict[str, object],
+) -> tuple[list[tuple[str, str, str]], dict[str, dict[str, str]]]:
+    """The rows of the status table, and each service's endpoints."""
     import asyncpg
 
     from infra.kafka_probe import broker_count
     from infra.launcher import http_health
 
     rows: list[tuple[str, str, str]] = []
+    where: dict[str, dict[str, str]] = {}
     broker = state["broker"]
     assert isinstance(broker, dict)
     try:
@@ -158,9 +178,10 @@ async def _status_rows(state: dict[str, object]) -> list[tuple[str, str, str]]:
     assert isinstance(services, list)
     async with aiohttp.ClientSession() as session:
         for svc in services:
-            found, detail = await http_health(session, svc["health_url"], "unreachable")
+            found, detail, endpoints = await http_health(session, svc["health_url"], "unreachable")
             rows.append((svc["name"], found, f"{detail} ({svc['health_url']})"))
-    return rows
+            where[svc["name"]] = endpoints
+    return rows, where
 
 
 @app.command()

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 from pydantic import SecretStr
@@ -133,6 +133,7 @@ class ServiceProcess:
     healthy: bool = False  # up: healthy or degraded
     state: str = "starting"  # from its /healthz: healthy, degraded or unhealthy
     detail: str = "starting"
+    endpoints: dict[str, str] = field(default_factory=dict)  # from its /healthz
     _next_start: float = 0.0
 
     @property
@@ -227,11 +228,16 @@ class Mesh:
             if service.proc is None or not service.proc.is_alive():
                 service.healthy = False
                 continue
-            service.state, service.detail = await http_health(session, service.health_url, service.detail)
+            service.state, service.detail, service.endpoints = await http_health(
+                session, service.health_url, service.detail
+            )
             service.healthy = service.state != "unhealthy"  # degraded is up: it serves what it can
 
     def all_healthy(self) -> bool:
         return self.broker.is_alive() and self.postgres.is_alive() and all(s.healthy for s in self.services)
+
+    def addresses(self) -> list[tuple[str, str]]:
+        return addresses([(s.name, s.endpoints) for s in self.services])
 
     def rows(self) -> list[tuple[str, str, str]]:
         rows = [
@@ -286,21 +292,41 @@ def _state(alive: bool) -> str:
     return "healthy" if alive else "down"
 
 
-async def http_health(session: aiohttp.ClientSession, url: str, fallback: str) -> tuple[str, str]:
-    """(state, detail) of a service's /healthz: `healthy`; `degraded` (up, but a client does not get
-    everything: the detail names why); `unhealthy` (with `fallback` as the detail when it does not
-    answer at all)."""
+class Health(NamedTuple):
+    state: str  # healthy, degraded or unhealthy
+    detail: str
+    endpoints: dict[str, str]  # what a person opens (API, docs, dashboard, metrics) -> URL
+
+
+async def http_health(session: aiohttp.ClientSession, url: str, fallback: str) -> Health:
+    """A service's /healthz read: `healthy`; `degraded` (up, but a client does not get everything: the
+    detail names why); `unhealthy` (with `fallback` as the detail when it does not answer at all);
+    with the endpoints it lists."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
             body: dict[str, Any] = await response.json(content_type=None)
     except (aiohttp.ClientError, TimeoutError, ValueError):
-        return "unhealthy", fallback
+        return Health("unhealthy", fallback, {})
+    listed = body.get("endpoints") if isinstance(body, dict) else None
+    endpoints = {str(k): str(v) for k, v in listed.items()} if isinstance(listed, dict) else {}
     if response.status != 200 or not body.get("healthy"):
-        return "unhealthy", f"unhealthy: {json.dumps(body)[:120]}"
+        return Health("unhealthy", f"unhealthy: {json.dumps(body)[:120]}", endpoints)
     reasons = body.get("degraded") or []
     if body.get("status") == "degraded" and isinstance(reasons, list):
-        return "degraded", "; ".join(str(r) for r in reasons)[:240]
-    return "healthy", "ok"
+        return Health("degraded", "; ".join(str(r) for r in reasons)[:240], endpoints)
+    return Health("healthy", "ok", endpoints)
+
+
+def addresses(endpoints_by_service: list[tuple[str, dict[str, str]]]) -> list[tuple[str, str]]:
+    """(what, URL) a person opens, the services' own first (API, docs, gateway, dashboard), then every
+    metrics page."""
+    first = [
+        (name, url) for _, found in endpoints_by_service for name, url in found.items() if name != "metrics"
+    ]
+    metrics = [
+        (f"{svc} metrics", found["metrics"]) for svc, found in endpoints_by_service if "metrics" in found
+    ]
+    return first + metrics
 
 
 def existing_launcher() -> int | None:

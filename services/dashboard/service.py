@@ -98,6 +98,14 @@ class DashboardService(Service):
             web.static("/dashboard/static", STATIC_DIR),
         ]
 
+    def endpoints(self) -> dict[str, str]:
+        page = self.page_server
+        return (
+            {"dashboard": f"http://{self.dashboard_settings.http_host}:{page.port}/dashboard/"}
+            if page
+            else {}
+        )
+
     async def checks(self) -> dict[str, Any]:
         page = self.page_server
         url = f"http://{self.dashboard_settings.http_host}:{page.port}/dashboard/" if page else None

@@ -77,6 +77,9 @@ class GatewayService(Service):
     def api_url(self) -> str:
         return f"http://{self.settings.api_host}:{self.api_port}"
 
+    def endpoints(self) -> dict[str, str]:
+        return {"gateway (OpenAI base_url)": f"{self.api_url}/v1"} if self.api_port else {}
+
     async def open(self, stack: AsyncExitStack) -> None:
         s = self.settings
         self.publisher = await self.open_publisher(stack)

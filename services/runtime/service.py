@@ -148,8 +148,20 @@ class Service:
             await stack.aclose()
             log.info("stopped", extra={"service": self.name})
 
+    def endpoints(self) -> dict[str, str]:
+        """What a person opens, by name (an API, its docs, a page) -> URL; the health report lists them
+        with the metrics, and `cachemesh up` / `status` print them."""
+        return {}
+
     async def health(self) -> dict[str, Any]:
         report: dict[str, Any] = {"service": self.name, "node_id": self.settings.node_id}
+        server = self.metrics_server
+        metrics = (
+            {}
+            if server is None
+            else {"metrics": f"http://{self.settings.metrics_host}:{server.port}/metrics"}
+        )
+        report["endpoints"] = {**self.endpoints(), **metrics}
         healthy = self._stack is not None
         consumers = [c.health() for c in self._consumers]
         if consumers:

@@ -135,6 +135,11 @@ class TiersService(Service):
     def api_url(self) -> str:
         return f"http://{self.settings.api_host}:{self.api_port}"
 
+    def endpoints(self) -> dict[str, str]:
+        if not self.api_port:
+            return {}
+        return {"cache API": self.api_url, "API docs": f"{self.api_url}/docs"}
+
     @staticmethod
     def _block_pool(s: TiersSettings) -> BlockPool:
         if s.l2_shared_memory:

@@ -58,6 +58,12 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
         assert {"broker", "postgres"} <= components
         gateway = next(r for r in rows if r["component"] == "gateway")
         assert gateway["state"] == "degraded" and "upstream unreachable" in gateway["detail"], gateway
+        # Where a person goes: each service lists what it serves, with its URL.
+        tiers = next(r for r in rows if r["component"] == "tiers")
+        assert tiers["endpoints"]["API docs"].endswith("/docs") and "metrics" in tiers["endpoints"], tiers
+        assert gateway["endpoints"]["gateway (OpenAI base_url)"].endswith("/v1"), gateway
+        dashboard = next(r for r in rows if r["component"] == "dashboard")
+        assert dashboard["endpoints"]["dashboard"].endswith("/dashboard/"), dashboard
         children = psutil.Process(launcher.pid).children(recursive=True)
         assert children, "broker, Postgres and services run as child processes"
 
@@ -71,6 +77,7 @@ def test_up_status_and_ctrl_c_leave_nothing_behind(tmp_path: Path) -> None:
     err = b"".join(err_chunks).decode()
     assert launcher.returncode == 0, err[-3000:]
     assert "all up in" in err and "gateway degraded: upstream unreachable" in err
+    assert tiers["endpoints"]["cache API"] in err and dashboard["endpoints"]["dashboard"] in err, err[-3000:]
     timings = json.loads(out.decode().strip().splitlines()[-1])["timings"]
     assert timings["all_healthy_s"] > 0
     # Reaped or exited (a zombie has exited; reaping it is init's job), waited for, not slept on.
