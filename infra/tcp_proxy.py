@@ -25,7 +25,6 @@ class TcpProxy:
         host, port = target.rsplit(":", 1)
         self.listen_port = listen_port
         self.target = (host, int(port))
-        self.connections = 0  # accepted so far
         self._cut = threading.Event()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="tcp-proxy", daemon=True)
@@ -74,6 +73,10 @@ class TcpProxy:
         if self._server is not None:
             self._server.close()
         await self._drop_open()
+        serving = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in serving:  # the loop stops next: no connection's task is left pending
+            task.cancel()
+        await asyncio.gather(*serving, return_exceptions=True)
 
     async def _drop_open(self) -> None:
         writers, self._open = self._open, set()
@@ -81,7 +84,6 @@ class TcpProxy:
             writer.close()
 
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
         self._open.add(client_writer)
         upstream: asyncio.StreamWriter | None = None
         try:
