@@ -5,7 +5,9 @@
 Each line of FILE is `{"a": str, "b": str, "label": 0|1}`. Protocol: a fixed random sample of `n` pairs;
 every `a` is put through the node's API with an answer of its own; every `b` is looked up once, in
 shuffled order. A served answer is correct only when the pair's label is 1 and the answer is that
-pair's own `a` (or an `a` of identical text). The truth is fed back (`POST /v1/feedback`) for half of
+pair's own `a` (or an `a` of identical text), or when it was cached for the very text asked (the public
+sets reuse sentences: a `b` may be another pair's `a` word for word, and its answer is then the
+answer to that question whatever the pair's label). The truth is fed back (`POST /v1/feedback`) for half of
 the served answers, chosen at random, and for every exploration the node asks for. The node runs
 in-process (its API app over httpx's ASGI transport, the default embedder, L1 large enough to hold
 every entry), first in its shipped configuration (top level of OUT), then learned at δ = 0.01, 0.02
@@ -13,9 +15,8 @@ and 0.05 (`"by_delta"`). Each row: served, correct, wrong, positives, recall (co
 wrong_rate (wrong / served), its 95% Wilson upper bound, and `ceiling_recall`: what the best fixed
 threshold (with the guards) chosen knowing the labels reaches with wrong <= δ under the same protocol
 (0 where none does; for the shipped row, δ = 0.02). Beside them, `served_repeats` / `wrong_repeats`:
-answers served because the asked `b` is itself the text of a cached `a` (of another pair: the public
-sets reuse sentences), which any cache serves and the protocol counts wrong unless it is the pair's own
-answer; and `by_similarity`, the same counts without those repeats: the semantic decision's own.
+answers served because the asked `b` is itself the text of a cached `a` (any cache serves these),
+and `by_similarity`, the same counts without those repeats: the semantic decision's own.
 Prints the table, draws OUT's .png beside it.
 """
 
@@ -82,8 +83,11 @@ def _norm(text: str) -> str:
 
 
 def correct_answer(pairs: list[tuple[str, str, int]], asked: int, served: int) -> bool:
-    a, _, label = pairs[asked]
-    return label == 1 and (served == asked or _norm(pairs[served][0]) == _norm(a))
+    """The pair's own answer when it is a duplicate (or the answer of an `a` of the same text), or the
+    answer cached for the very text asked (another pair's `a` that is `b` word for word)."""
+    a, b, label = pairs[asked]
+    served_text = _norm(pairs[served][0])
+    return (label == 1 and (served == asked or served_text == _norm(a))) or served_text == _norm(b)
 
 
 def node_settings(delta: float | None) -> TiersSettings:
@@ -135,7 +139,7 @@ async def run_protocol(
                 correct += ok
                 wrong += not ok
                 # The same text as another pair's `a`: served as a repeat, not by similarity (any cache
-                # serves it); the protocol still counts it wrong unless it is this pair's answer.
+                # serves it, and it is that question's own answer).
                 if _norm(pairs[j][0]) == _norm(b):
                     repeats += 1
                     wrong_repeats += not ok

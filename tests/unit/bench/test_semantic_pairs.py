@@ -20,6 +20,13 @@ def test_a_served_answer_is_correct_only_for_a_duplicate_and_its_own_or_an_ident
     assert not correct_answer(pairs, 0, 2)
 
 
+def test_the_answer_cached_for_the_very_text_asked_is_correct_whatever_the_pair_says() -> None:
+    # The public sets reuse sentences: pair 1 asks pair 0's `a` word for word.
+    pairs = [("What is DNS?", "What is a DNS server?", 0), ("How do I cook rice?", "what is  DNS?", 0)]
+    assert correct_answer(pairs, 1, 0)
+    assert not correct_answer(pairs, 0, 1)
+
+
 def test_the_wilson_bound_is_above_the_rate_and_narrows_with_more_answers() -> None:
     assert wilson_upper(0, 0) is None
     few, many = wilson_upper(1, 50), wilson_upper(20, 1000)
