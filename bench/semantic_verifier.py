@@ -31,9 +31,9 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from bench._pair_verifier import FEATURES, Verifier, auc, features
 from bench.semantic import GPTCACHE, embed
 from matching import guards
-from matching.verifier import FEATURES, Verifier, auc, features
 
 TRAIN = Path(__file__).resolve().parents[2] / "shared" / "data" / "semantic" / "train"
 PERMISSIVE = ("paws_wiki", "stsb")

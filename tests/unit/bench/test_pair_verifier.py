@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from matching.verifier import FEATURES, Verifier, auc, features
+from bench._pair_verifier import FEATURES, Verifier, auc, features
 
 
 def _f(name: str, cached: str, request: str, similarity: float = 0.9) -> float:

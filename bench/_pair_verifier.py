@@ -3,9 +3,9 @@
 Signals of a (cached, request) pair, each cheap and general English: the cosine (as calibration.py's
 u), content-word and character-trigram overlap, the length ratio, content words on one side only, word
 order among the shared words, and the guards' families as degrees (negations, quantities, entities, the
-question word) instead of vetoes. `Verifier` is a logistic model over them: P(same question). It is
-kept only where it ranks pairs better than the cosine alone on data sets it was not fitted on
-(bench/semantic_verifier.py fits it leave-one-data-set-out and says whether it earns its place).
+question word) instead of vetoes. `Verifier` is a logistic model over them: P(same question).
+bench/semantic_verifier.py fits it leave-one-data-set-out and says whether it earns a place in the
+node; it lives here, not in matching/, until it does.
 Pure: the weights are data (`to_dict` / `from_dict`), `fit` is Newton's method with an L2 prior.
 """
 
