@@ -51,6 +51,7 @@ class DemoReport:
     puts: int = 0
     rewrites: int = 0
     asked: int = 0
+    labels: int = 0  # explored misses the demo, knowing the answers, labelled (as the gateway does)
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
     board_before: dict[str, int] = field(default_factory=dict)
@@ -68,6 +69,7 @@ class DemoReport:
             ("KV blocks stored as the trace computed them", str(self.blocks_stored)),
             ("answers put / source documents rewritten", f"{self.puts} / {self.rewrites}"),
             ("questions asked", str(self.asked)),
+            ("explored misses labelled (the node learns its threshold from them)", str(self.labels)),
             ("lookups", str(lookups)),
             ("hits", f"{hits} ({hits / lookups:.0%})" if lookups else "0"),
         ]
@@ -272,18 +274,22 @@ async def drive_kv(
 
 
 async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress) -> None:
-    """Per pair: put the answer under the origin wording, ask with the paraphrase; every third pair
-    also asks a new question (a miss); every tenth rewrites a source document (invalidating the answers
-    that cite it) and asks again.
+    """Per pair: put the answer under the origin wording, ask with the paraphrase; every other pair asks
+    the origin again word for word (a repeat: an exact hit); every third pair also asks a new question
+    (a miss); every tenth rewrites a source document (invalidating the answers that cite it) and asks
+    again. An explored miss is labelled as the gateway would: the demo knows which answer is right.
     `workers` pairs at a time (the node batches their embeddings); no pair starts after `seconds`."""
     pairs, unanswered = qa_pairs(plan.pairs)
     deadline = time.monotonic() + plan.seconds
     queue = list(range(len(pairs)))
     done = 0
 
-    async def ask(text: str) -> None:
-        await client.lookup(text=text, model=plan.model, include_value=False)
+    async def ask(text: str, right: str | None = None) -> None:
+        got = await client.lookup(text=text, model=plan.model, include_value=False)
         report.asked += 1
+        if got.explore_key is not None:
+            await client.feedback(got.explore_key, text, correct=got.explore_key == right, explored=True)
+            report.labels += 1
 
     async def pair(i: int) -> None:
         key, origin = f"demo-qa-{i}", pairs[i]["origin"]
@@ -294,13 +300,15 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
             key, f"Answer {i}: {origin}", model=plan.model, embed_text=origin, context_dependency_ids=[doc]
         )
         report.puts += 1
-        await ask(pairs[i]["similar"])
+        await ask(pairs[i]["similar"], key)
+        if i % 2 == 0:
+            await ask(origin, key)
         if i % 3 == 0 and i // 3 < len(unanswered):
             await ask(unanswered[i // 3])
         if i % 10 == 9:
             await client.put(doc, f"source document {i % 10}, revision {i}", model=plan.model)
             report.rewrites += 1
-            await ask(pairs[i]["similar"])
+            await ask(pairs[i]["similar"], key)
 
     async def worker() -> None:
         nonlocal done

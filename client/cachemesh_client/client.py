@@ -97,6 +97,10 @@ class LookupResult:
     # guard:<name>, uncertain, no candidate) and in words; `similarity` is that entry's.
     miss_rule: str | None = None
     miss_reason: str | None = None
+    # A miss the node explores: ask the model anyway, then say whether its answer agreed with this
+    # entry's (`feedback(..., explored=True)`); `explore_value` is that entry's value (with include_value).
+    explore_key: str | None = None
+    explore_value: str | np.ndarray | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +267,13 @@ def parse_lookup(data: Mapping[str, Any]) -> LookupResult:
         descriptor=dict(data.get("descriptor") or {}),
         miss_rule=data.get("miss_rule"),
         miss_reason=data.get("miss_reason"),
+        explore_key=data.get("explore_key"),
+        explore_value=parse_value(data.get("explore_value")),
     )
+
+
+def feedback_body(key: str, text: str, correct: bool, explored: bool) -> dict[str, Any]:
+    return {"key": key, "text": text, "correct": correct, "explored": explored}
 
 
 def _entry_path(key: str) -> str:
@@ -364,6 +374,13 @@ class TiersClient:
     def delete(self, key: str) -> bool:
         return bool(_check(self._http.delete(_entry_path(key)))["deleted"])
 
+    def feedback(self, key: str, text: str, *, correct: bool, explored: bool = False) -> dict[str, Any]:
+        """Whether entry `key` answered `text` rightly: a served answer rated, or (`explored`) whether
+        the model's own answer agreed with the entry's on an explored miss. The node learns from it."""
+        body = feedback_body(key, text, correct, explored)
+        result: dict[str, Any] = _check(self._http.post("/v1/feedback", json=body))
+        return result
+
     def prefix(
         self, keys: Sequence[str], *, model: str | None = None, block_size_tokens: int | None = None
     ) -> PrefixResult:
@@ -457,6 +474,12 @@ class AsyncTiersClient:
 
     async def delete(self, key: str) -> bool:
         return bool(_check(await self._http.delete(_entry_path(key)))["deleted"])
+
+    async def feedback(self, key: str, text: str, *, correct: bool, explored: bool = False) -> dict[str, Any]:
+        """As TiersClient.feedback."""
+        body = feedback_body(key, text, correct, explored)
+        result: dict[str, Any] = _check(await self._http.post("/v1/feedback", json=body))
+        return result
 
     async def prefix(
         self, keys: Sequence[str], *, model: str | None = None, block_size_tokens: int | None = None

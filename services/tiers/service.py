@@ -212,7 +212,7 @@ class TiersService(Service):
             max_pending_l3_writes=s.max_pending_l3_writes,
             write_behind=s.write_behind,
             matcher=Matcher(
-                delta=s.match_delta,
+                delta=s.match_delta if s.match_rule == "learned" else None,
                 default_tolerance=s.default_similarity_tolerance,
                 deltas=dict(s.match_delta_by),
                 explore_rate=s.match_explore_rate,

@@ -85,14 +85,16 @@ class TiersSettings(ServiceSettings):
     rdma_gid_index: Annotated[int, Field(ge=0)] = 0
     # Cosine a semantic match must reach when the entry does not say (seed §1.1: 0.92).
     default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
-    # The match decision (services/tiers/node/matcher.py). None: the fixed floor above (or the entry's
-    # or request's, the stricter) plus the guards. A number: the threshold learned from feedback with
-    # that bound δ on the rate of wrong answers served (matching/threshold.py): nothing is served by
-    # similarity until the labels (feedback, explorations) certify δ at 95% confidence.
-    match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] | None = None
-    # With match_delta set: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
+    # The match decision (services/tiers/node/matcher.py). "learned": the threshold learned from
+    # feedback with the bound match_delta on the rate of wrong answers served (matching/threshold.py):
+    # nothing is served by similarity until the labels (feedback, explorations) certify δ at 95%
+    # confidence. "fixed": the floor above (or the entry's or request's, the stricter) plus the guards,
+    # served from the first request whatever it costs in wrong answers.
+    match_rule: Literal["learned", "fixed"] = "learned"
+    match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02
+    # Learned: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
     match_delta_by: dict[str, Annotated[float, Field(gt=0.0, lt=0.5)]] = Field(default_factory=dict)
-    # With match_delta set: the exploration budget, the chance that a candidate in the grey zone (below
+    # Learned: the exploration budget, the chance that a candidate in the grey zone (below
     # its serving threshold, above 0.7) is explored: the lookup misses with explore_key, and the caller
     # (the gateway does) reports whether the model's answer agreed. Labels come faster at a higher rate.
     match_explore_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3

@@ -74,7 +74,13 @@ def gateway_mesh(kafka, namespace, topics_on, node_settings) -> Callable[..., An
     ) -> AsyncIterator[Mesh]:
         await topics_on(kafka)
         node_cm = running(
-            node_settings("gw", embedder_preload=True, l3_breaker_p99_ms=10_000.0, **(node or {}))
+            # The fixed rule (a paraphrase served from the first request) unless a test asks otherwise.
+            node_settings(
+                "gw",
+                embedder_preload=True,
+                l3_breaker_p99_ms=10_000.0,
+                **{"match_rule": "fixed", **(node or {})},
+            )
         )
         async with node_cm as node, serving_upstream() as upstream:
             # The model loads once per node; lookups are timed from then on.
@@ -166,7 +172,7 @@ async def test_an_explored_miss_becomes_a_label_for_the_tier_node(gateway_mesh) 
     # The node's learned decision (δ 2%) is cold: it serves nothing by similarity and explores every
     # grey-zone candidate here (budget 1.0). The gateway compares the model's answer with the candidate's
     # and reports whether they agree: a label without a human, in the node's pool.
-    async with gateway_mesh(node={"match_delta": 0.02, "match_explore_rate": 1.0}) as mesh:
+    async with gateway_mesh(node={"match_rule": "learned", "match_explore_rate": 1.0}) as mesh:
         await mesh.chat(RESET)
         await until(lambda: mesh.stored == 1, timeout_s=60)
         headers, para = await mesh.chat(PARAPHRASE)

@@ -74,7 +74,7 @@ async def test_every_service_serves_its_series(
     await topics_on(kafka)
     common = {"kafka": kafka_settings_for(kafka, namespace), "metrics_port": 0}
     async with contextlib.AsyncExitStack() as stack:
-        node = await stack.enter_async_context(running(node_settings("metrics")))
+        node = await stack.enter_async_context(running(node_settings("metrics", match_rule="fixed")))
         heat = await stack.enter_async_context(
             serving(
                 HeatService(

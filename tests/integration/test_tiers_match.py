@@ -70,6 +70,7 @@ async def test_a_screened_node_decides_near_the_threshold_with_the_precise_simil
         "embedder_preload": True,
         "embedder": "onnx",  # the precise model is fp32 (the default, int8, has no cheaper screen)
         "embedder_screen": "onnx-int8",
+        "match_rule": "fixed",  # a known threshold (0.92) to screen around
     }
     run = uuid.uuid4().hex[:12]
     model, key = f"minilm-{run}", f"faq:pw-reset-{run}"

@@ -132,7 +132,8 @@ async def test_a_tier_node_runs_on_postgres_without_pgvector(
 ) -> None:
     caplog.set_level(logging.WARNING)
     await topics_on(kafka)
-    async with running(node_settings("novec", postgres=_settings(no_vector_dsn))) as node:
+    novec = node_settings("novec", postgres=_settings(no_vector_dsn), match_rule="fixed")  # serves by vector
+    async with running(novec) as node:
         assert node.cache is not None and node.l3 is not None and not node.l3.semantic
         assert "pgvector is not available" in caplog.text
         async with AsyncTiersClient(node.api_url) as client:

@@ -169,7 +169,9 @@ async def test_l3_content_survives_a_node_restart_and_a_postgres_restart(
         await client.put(key, "durable answer", model="llama", embedding=vec, semantic_tags={"lang": "en"})
         await client.put(f"{key}:kv", kv, model="llama", layer_range=(0, 2), token_range=(0, 8))
     await asyncio.to_thread(postgres.restart)
-    async with running(node_settings("fresh")) as fresh, AsyncTiersClient(fresh.api_url) as client:
+    # the fixed rule: a vector near the entry is served from the first lookup
+    fresh_settings = node_settings("fresh", match_rule="fixed")
+    async with running(fresh_settings) as fresh, AsyncTiersClient(fresh.api_url) as client:
         assert fresh.cache is not None and len(fresh.cache.l1) == 0
         got = await client.get(key)
         assert (got.hit, got.tier, got.value) == (True, "l3", "durable answer")
@@ -239,7 +241,9 @@ async def test_heat_commands_and_conversation_end_from_kafka(
 
 async def test_text_lookup_with_minilm_and_the_bearer_token(kafka, topics_on, node_settings) -> None:
     await topics_on(kafka)
-    settings = node_settings("text", api_token=SecretStr("integration-token"), embedder_preload=True)
+    settings = node_settings(
+        "text", api_token=SecretStr("integration-token"), embedder_preload=True, match_rule="fixed"
+    )
     async with running(settings) as node:
         health = await node.health()
         assert health["healthy"] and health["api_serving"]

@@ -21,6 +21,7 @@ from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
 from services.tiers.l3.breaker import LatencyBreaker
+from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
@@ -330,3 +331,16 @@ async def test_a_lookup_by_key_and_text_embeds_only_when_the_key_is_not_in_memor
         para = await c.lookup(key="req:2", text="Capital city of France", model="m")
         assert (para.hit, para.match, para.key) == (True, "semantic", "req:1")
         assert embedder.calls[-1] == ["Capital city of France"]
+
+
+async def test_the_client_sees_an_explored_miss_and_labels_it() -> None:
+    cache = make_cache(Clock())
+    cache.matcher = Matcher(delta=0.02, explore_rate=1.0)  # the shipped rule, exploring every time
+    app = create_app(cache, settings(), WordEmbedder())
+    async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as c:
+        await c.put("k", "the answer", model="m", embed_text="Reset a password")
+        miss = await c.lookup(text="Reset my password please", model="m")
+        assert (miss.hit, miss.miss_rule, miss.explore_key) == (False, "uncertain", "k")
+        assert miss.explore_value == "the answer"
+        label = await c.feedback("k", "Reset my password please", correct=True, explored=True)
+        assert (label["key"], label["labels"], label["correct"]) == ("k", 1, True)

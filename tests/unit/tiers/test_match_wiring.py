@@ -171,12 +171,17 @@ async def test_a_delta_switches_on_the_learned_decision() -> None:
         rig.cache.matcher.feedback(other, 0.9 + 0.099 * (i % 100) / 100, correct=True, explored=True)
         rig.cache.matcher.feedback(other, 0.6 + 0.2 * (i % 100) / 100, correct=False, explored=True)
     assert (await rig.cache.get(embedding=at_cosine(RNG, base, 0.98))).hit
-    assert TiersSettings().match_delta is None
 
 
-def test_the_match_delta_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_node_ships_the_learned_decision_at_two_percent(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (TiersSettings().match_rule, TiersSettings().match_delta) == ("learned", 0.02)
     monkeypatch.setenv("CACHEMESH_TIERS_MATCH_DELTA", "0.05")
     assert TiersSettings().match_delta == 0.05
+    monkeypatch.setenv("CACHEMESH_TIERS_MATCH_RULE", "fixed")
+    assert TiersSettings().match_rule == "fixed"
+    monkeypatch.setenv("CACHEMESH_TIERS_MATCH_RULE", "sometimes")
+    with pytest.raises(ValueError, match="match_rule"):
+        TiersSettings()
 
 
 async def test_a_write_invalidates_neighbours_of_its_own_model_only() -> None:
