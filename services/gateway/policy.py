@@ -8,6 +8,8 @@ caller asked for a reproducible answer). Never cached: n > 1 (one cached answer 
 logprobs (a cached answer has none to give), several prompts in one completion request, and, unless
 `cache_tools`, requests with tools or tool results and answers that call a tool (a tool call acts on
 the world; replaying one is not what the caller meant).
+Temperature 0 and unset are two requests, cached apart (requests.py keys every sampling parameter
+set): unset means the engine's default, 1.0 in OpenAI's API and in vLLM.
 """
 
 from __future__ import annotations

@@ -44,5 +44,7 @@ def configure_logging(service: str, level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # aiokafka logs every coordinator hiccup at ERROR/WARNING; keep ours readable.
-    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, root.level))
+    # aiokafka logs every coordinator hiccup at ERROR/WARNING, httpx every request at INFO (the
+    # gateway's calls to the tier node and its upstream): keep ours readable.
+    for noisy in ("aiokafka", "httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -194,7 +194,8 @@ def _lookup_dict(result: Lookup, include_value: bool, omitted: bool = False) -> 
         "key": None if entry is None else entry.key,
         "tier": result.tier,
         "match": result.match,
-        "similarity": result.similarity,
+        # A cosine of float32 unit vectors can read 1.0000001: reported within [-1, 1].
+        "similarity": None if result.similarity is None else max(-1.0, min(1.0, result.similarity)),
         "latency_us": result.latency_us,
         "degraded": result.degraded,
         "remote": result.remote,

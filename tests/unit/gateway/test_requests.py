@@ -50,6 +50,7 @@ def test_same_request_same_key(a: dict[str, Any], b: dict[str, Any]) -> None:
     [
         chat("How do I not reset my password?"),
         chat(temperature=0.7),
+        chat(temperature=0),  # unset is the engine's default (1.0), not 0
         chat(max_tokens=10),
         {**chat(), "model": "other"},
         {"model": "m", "messages": [{"role": "system", "content": "be terse"}, *chat()["messages"]]},

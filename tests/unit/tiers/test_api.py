@@ -344,3 +344,12 @@ async def test_the_client_sees_an_explored_miss_and_labels_it() -> None:
         assert miss.explore_value == "the answer"
         label = await c.feedback("k", "Reset my password please", correct=True, explored=True)
         assert (label["key"], label["labels"], label["correct"]) == ("k", 1, True)
+
+
+async def test_a_similarity_is_never_reported_above_one(client: AsyncTiersClient) -> None:
+    # float32 unit vectors: v @ v reads 1.0000001 for about one vector in eight
+    rng = np.random.default_rng(0)
+    over = next(v for v in (unit(rng, DIM) for _ in range(500)) if float(v @ v) > 1.0)
+    await client.put("one", "v", model="m", embedding=over)
+    got = await client.lookup(embedding=over, model="m")
+    assert got.hit and got.similarity is not None and got.similarity <= 1.0
