@@ -44,7 +44,7 @@ async def test_client_installs_light_and_its_quick_start_runs(
         subprocess.run, [sys.executable, "-m", "venv", str(venv)], check=True, timeout=120
     )
     py = venv / "bin" / "python"
-    # built from a copy: pip's build leaves build/ and *.egg-info beside the sources
+    # built from a copy of the sources, to check the build leaves nothing beside them
     source = tmp_path / "client"
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -57,6 +57,7 @@ async def test_client_installs_light_and_its_quick_start_runs(
         env=env,
     )
     assert install.returncode == 0, install.stderr[-3000:]
+    assert not {"build", "cachemesh_client.egg-info"} & {p.name for p in source.iterdir()}  # a clean checkout
     size = _size(venv)
     assert size < MAX_BYTES, f"the client's venv is {size / 2**20:.0f} MB"
     site = next(venv.glob("lib/python*/site-packages"))
