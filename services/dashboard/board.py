@@ -242,10 +242,12 @@ def _node_row(s: dict[str, Any], now_ms: int) -> dict[str, Any]:
     l3 = s.get("l3") or {}
     breaker = l3.get("breaker") or {}
     local = s.get("local_only") or {}
+    why_not = local.get("off_because")
     return {
         "node_id": s.get("node_id"),
         "seen_ms": now_ms,
-        "mode": s.get("mode"),
+        # A node that cannot go local-only (no peers, or disabled) says so beside its mode.
+        "mode": f"{s.get('mode')} ({why_not})" if why_not else s.get("mode"),
         "serving": s.get("serving"),
         "degraded": s.get("degraded"),
         "breaker": breaker.get("state"),

@@ -191,6 +191,12 @@ async def test_dashboard_fills_with_live_data_in_headless_chromium(
         assert rows >= 1, f"table {name} is empty"
     # uPlot drew its canvases and legends.
     assert dom.count("<canvas") >= 4 and "u-legend" in dom
-    assert "local_only" not in dom or "normal" in dom
+    assert "normal (no peers to skip)" in dom, "a lone node says why it never goes local-only"
+    # Panels that are empty here say what will fill them; the filled ones hide their hint.
+    for name in ("instances", "routes"):
+        hint = re.search(rf'id="hint-{name}" data-empty="(\d)">([^<]*)<', dom)
+        assert hint is not None and hint.group(1) == "1" and "gateway" in hint.group(2), name
+    for name in ("hit_rate", "nodes", "heat"):
+        assert f'id="hint-{name}" data-empty="0"' in dom, f"{name} is filled but still shows its hint"
     assert shot.exists() and shot.stat().st_size > 10_000
     print(f"dashboard screenshot: {shot}")

@@ -429,8 +429,9 @@ class TieredCache(TierReads):
 
     def check_mode(self) -> ModeChange | None:
         """Give the degrade guard the lookups and hits since the last check; the change of mode, if any
-        (the service publishes it). Lookups read the mode, not the guard: nothing on their path."""
-        if self.degrade is None:
+        (the service publishes it). Lookups read the mode, not the guard: nothing on their path. A node
+        without peers stays normal: local-only skips the peers' L2, so there it would change nothing."""
+        if self.degrade is None or self.peers is None:
             return None
         c = self.counters
         hits = sum(c.hits.values())
@@ -454,7 +455,11 @@ class TieredCache(TierReads):
             "serving": "l1+l2 only (L3 circuit breaker open)" if self.degraded else "l1+l2+l3",
             "mode": self.mode,
             "local_only": {
-                "enabled": self.degrade is not None,
+                "enabled": self.degrade is not None and self.peers is not None,
+                # why the node never goes local-only, when it does not
+                "off_because": (
+                    "disabled" if self.degrade is None else "no peers to skip" if self.peers is None else None
+                ),
                 "peers_skipped": c.peers_skipped,
                 **(asdict(self.degrade.stats()) if self.degrade is not None else {}),
             },

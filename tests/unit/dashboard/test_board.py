@@ -44,6 +44,15 @@ def test_hit_rate_is_per_interval_and_summed_over_nodes_and_match_kinds() -> Non
     assert [n["breaker"] for n in board.snapshot(2_000)["nodes"]] == ["closed", "closed"]
 
 
+def test_a_node_that_cannot_go_local_only_says_why_beside_its_mode() -> None:
+    board = Board()
+    lone = {**_stats("a", 10), "local_only": {"enabled": False, "off_because": "no peers to skip"}}
+    watched = {**_stats("b", 10), "local_only": {"enabled": True, "off_because": None}}
+    board.observe_stats([lone, watched], now_ms=1_000)
+    modes = {n["node_id"]: n["mode"] for n in board.snapshot(1_000)["nodes"]}
+    assert modes == {"a": "normal (no peers to skip)", "b": "normal"}
+
+
 def test_a_restarted_node_counts_from_zero_and_an_idle_interval_adds_no_point() -> None:
     board = Board()
     board.observe_stats([_stats("a", 100, l1_exact=50)], now_ms=1_000)

@@ -221,4 +221,19 @@ async def test_a_local_only_node_stops_asking_peers_and_comes_back() -> None:
 def test_without_a_guard_the_mode_stays_normal() -> None:
     rig = make()
     assert rig.cache.check_mode() is None and rig.cache.mode == "normal"
-    assert rig.cache.stats()["local_only"] == {"enabled": False, "peers_skipped": 0}
+    expected = {"enabled": False, "off_because": "disabled", "peers_skipped": 0}
+    assert rig.cache.stats()["local_only"] == expected
+
+
+async def test_a_node_without_peers_stays_normal_and_says_why() -> None:
+    # Local-only skips the peers' L2: a lone node's low hit rate has nothing to fall back from.
+    rig = make()
+    rig.cache.degrade = HitRateGuard(CFG, clock=rig.clock)
+    for i in range(10):
+        for j in range(10):
+            await rig.cache.get(f"absent-{i}-{j}")
+        rig.clock.advance(100)
+        assert rig.cache.check_mode() is None
+    assert rig.cache.mode == "normal"
+    local = rig.cache.stats()["local_only"]
+    assert (local["enabled"], local["off_because"]) == (False, "no peers to skip")
