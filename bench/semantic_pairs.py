@@ -11,7 +11,8 @@ answer to that question whatever the pair's label). The truth is fed back (`POST
 the served answers, chosen at random, and for every exploration the node asks for. The node runs
 in-process (its API app over httpx's ASGI transport, the default embedder, L1 large enough to hold
 every entry), first in its shipped configuration (top level of OUT), then learned at δ = 0.01, 0.02
-and 0.05 (`"by_delta"`). Each row: served, correct, wrong, positives, recall (correct / positives),
+and 0.05 (`"by_delta"`). Each row: served, correct, wrong, positives, recall (correct answers to
+duplicate pairs / positives: a repeat served for a pair labelled 0 is correct but no recall),
 wrong_rate (wrong / served), its 95% Wilson upper bound, and `ceiling_recall`: what the best fixed
 threshold (with the guards) chosen knowing the labels reaches with wrong <= δ under the same protocol
 (0 where none does; for the shipped row, δ = 0.02). Beside them, `served_repeats` / `wrong_repeats`:
@@ -132,7 +133,7 @@ async def run_protocol(
     settings = node_settings(delta)
     app = create_app(node(settings, len(pairs)), settings, embedder)
     rng = random.Random(seed + 1)
-    served = correct = wrong = explored = repeats = wrong_repeats = 0
+    served = correct = wrong = explored = repeats = wrong_repeats = found = 0
     label = f"shipped ({shipped_rule(settings)})" if delta is None else f"δ = {delta}"
     task = progress.add_task(f"{label}: put and ask", total=2 * len(pairs))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
@@ -151,6 +152,7 @@ async def run_protocol(
                 j = int(str(got["key"])[1:])
                 ok = correct_answer(pairs, i, j)
                 correct += ok
+                found += ok and pairs[i][2] == 1
                 wrong += not ok
                 # The same text as another pair's `a`: served as a repeat, not by similarity (any cache
                 # serves it, and it is that question's own answer).
@@ -177,7 +179,7 @@ async def run_protocol(
         "wrong": wrong,
         "explored": explored,
         "positives": positives,
-        "recall": correct / positives if positives else 0.0,
+        "recall": found / positives if positives else 0.0,
         "wrong_rate": wrong / served if served else 0.0,
         "wrong_rate_upper95": wilson_upper(wrong, served),
         "served_repeats": repeats,  # of `served`: the asked text itself was cached (another pair's `a`)
@@ -192,25 +194,28 @@ async def run_protocol(
 
 
 def ceilings(pairs: list[tuple[str, str, int]], embedder: Embedder) -> dict[float, float]:
-    """Per δ, the most correct answers / positives any fixed threshold with the guards serves with
-    wrong <= δ * served, knowing the labels: each `b` gets its most similar `a` the guards let through."""
+    """Per δ, the most correct answers to duplicates / positives any fixed threshold with the guards
+    serves with wrong <= δ * served, knowing the labels: each `b` gets its most similar `a` the guards
+    let through."""
     a = embedder.embed_blocking([p[0] for p in pairs])
     b = embedder.embed_blocking([p[1] for p in pairs])
     sims = b @ a.T
-    best: list[tuple[float, bool]] = []
+    best: list[tuple[float, bool, bool]] = []  # (similarity, correct, correct for a duplicate pair)
     for i in range(len(pairs)):
         for j in np.argsort(-sims[i])[:10]:
             if guards.check(pairs[int(j)][0], pairs[i][1]) is None:
-                best.append((float(sims[i, j]), correct_answer(pairs, i, int(j))))
+                ok = correct_answer(pairs, i, int(j))
+                best.append((float(sims[i, j]), ok, ok and pairs[i][2] == 1))
                 break
     positives = sum(label for _, _, label in pairs) or 1
     out = {}
     for delta in (*DELTAS, SHIPPED_DELTA):
         top = 0.0
         for t in np.arange(0.70, 1.0001, 0.0025):
-            chosen = [ok for s, ok in best if s >= t]
-            if chosen and (len(chosen) - sum(chosen)) <= delta * len(chosen):
-                top = max(top, sum(chosen) / positives)
+            chosen = [(ok, found) for s, ok, found in best if s >= t]
+            right = sum(ok for ok, _ in chosen)
+            if chosen and (len(chosen) - right) <= delta * len(chosen):
+                top = max(top, sum(found for _, found in chosen) / positives)
         out[delta] = top
     return out
 

@@ -86,6 +86,11 @@ def _normalised(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip().casefold()
 
 
+def same_text(a: str, b: str) -> bool:
+    """Two known prompts that are one text (spacing and case aside): served as exact, not by similarity."""
+    return bool(a) and bool(b) and _normalised(a) == _normalised(b)
+
+
 def floor(tolerance: float | None, similarity_tolerance: float | None) -> float | None:
     """The stricter of the request's and the entry's cosine floors, or None when neither is set."""
     set_ = [t for t in (tolerance, similarity_tolerance) if t is not None]
@@ -131,7 +136,7 @@ class MatchDecision:
         if request_key is not None and request_key == candidate.key:
             return MatchResult(Verdict.SERVE, s, -1.0, "exact key", candidate, exact=True)
         known = bool(request_text) and bool(candidate.text)
-        if known and _normalised(request_text) == _normalised(candidate.text):
+        if same_text(request_text, candidate.text):
             return MatchResult(Verdict.SERVE, s, -1.0, "same text", candidate, exact=True)
         if self.use_guards and known:
             hit = guards.check(candidate.text, request_text, self.guard_set)

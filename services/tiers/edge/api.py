@@ -409,12 +409,15 @@ def create_app(
         if meta.embedding is None:
             raise _problem(422, f"entry {body.key!r} has no embedding: it is matched by key only")
         sim = float(np.clip(normalize(meta.embedding)[0] @ normalize(vec)[0], -1.0, 1.0))
-        state = cache.matcher.feedback(meta, sim, body.correct, explored=body.explored)
+        learned = cache.matcher.teaches(meta, body.text)
+        if learned:
+            cache.matcher.feedback(meta, sim, body.correct, explored=body.explored)
         return FeedbackOut(
             key=body.key,
             similarity=sim,
             correct=body.correct,
-            labels=state.labelled,
+            learned=learned,
+            labels=cache.matcher.labels(meta.key),
             threshold=cache.matcher.threshold(meta),
         )
 

@@ -125,6 +125,10 @@ class FeedbackOut(BaseModel):
     key: str
     similarity: float = Field(description="cosine between the request and the entry's embedding")
     correct: bool
+    learned: bool = Field(
+        description="false: the request is the entry's own text (an exact match), which teaches the "
+        "similarity threshold nothing; the label was not kept"
+    )
     labels: int = Field(description="labels this node holds for the entry")
     threshold: float = Field(description="the similarity a candidate of this entry now needs")
 

@@ -22,7 +22,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from matching.decision import NEAR_EXACT, Candidate, MatchDecision, MatchResult
+from matching.decision import NEAR_EXACT, Candidate, MatchDecision, MatchResult, same_text
 from matching.deltas import DeltaTable
 from matching.threshold import EntryThreshold, ThresholdLearner
 from services.tiers.entry import EntryMeta
@@ -125,6 +125,12 @@ class Matcher:
 
     # --- feedback ----------------------------------------------------------------------------------
 
+    def teaches(self, meta: EntryMeta, text: str | None) -> bool:
+        """Whether a label of `meta`'s entry for request `text` says anything about similarity: not when
+        the request is the entry's own text (served as exact; its labels, all at ~1.0, would make the
+        pool trust high similarities that the public paraphrase sets show are often wrong)."""
+        return not (text and meta.prompt_text and same_text(text, meta.prompt_text))
+
     def feedback(
         self, meta: EntryMeta, similarity: float, correct: bool, *, explored: bool = False
     ) -> EntryThreshold:
@@ -138,6 +144,11 @@ class Matcher:
         cand = Candidate(meta.key, meta.prompt_text or "", float(similarity), state=state, group=meta.model)
         self.decision.feedback(cand, correct, explored=explored)
         return state
+
+    def labels(self, key: str) -> int:
+        """How many labels this node holds for entry `key`."""
+        state = self._states.get(key)
+        return 0 if state is None else state.labelled
 
     def threshold(self, meta: EntryMeta, tolerance: float | None = None) -> float:
         """The similarity a candidate of this entry needs now (for reports)."""

@@ -353,3 +353,16 @@ async def test_a_similarity_is_never_reported_above_one(client: AsyncTiersClient
     await client.put("one", "v", model="m", embedding=over)
     got = await client.lookup(embedding=over, model="m")
     assert got.hit and got.similarity is not None and got.similarity <= 1.0
+
+
+async def test_a_label_for_the_entrys_own_text_teaches_the_threshold_nothing() -> None:
+    cache = make_cache(Clock())
+    cache.matcher = Matcher(delta=0.02)
+    app = create_app(cache, settings(), WordEmbedder())
+    async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as c:
+        await c.put("k", "the answer", model="m", embed_text="Reset a password")
+        same = await c.feedback("k", "reset a  PASSWORD", correct=True)
+        assert (same["learned"], same["labels"]) == (False, 0)
+        other = await c.feedback("k", "Reset my password please", correct=True)
+        assert (other["learned"], other["labels"]) == (True, 1)
+    assert cache.matcher.decision.learner.weighted_pool()[0].size == 1
