@@ -189,12 +189,13 @@ def demo(
     seconds: Annotated[float, typer.Option(help="How long the traffic runs")] = 30.0,
     trace_s: Annotated[float, typer.Option(help="Mooncake trace time replayed in that span")] = 600.0,
     pairs: Annotated[int, typer.Option(help="Q&A paraphrase pairs put and asked (at most)")] = 300,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON (stdout) only")] = False,
 ) -> None:
     """Drive realistic traffic through the running mesh (Mooncake KV events, semantic Q&A); print the
     dashboard URL and a summary. Finds the mesh from `cachemesh up`'s state file."""
     from infra.demo import DemoPlan, main
 
-    raise typer.Exit(main(DemoPlan(seconds=seconds, trace_s=trace_s, pairs=pairs)))
+    raise typer.Exit(main(DemoPlan(seconds=seconds, trace_s=trace_s, pairs=pairs), as_json=as_json))
 
 
 # The replayer imports torch only when the heat policy is asked for.

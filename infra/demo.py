@@ -59,6 +59,33 @@ class DemoReport:
     delta_t_ms: list[int] = field(default_factory=list)  # this run's warmups against their turns
     took_s: float = 0.0
 
+    def _delta(self, key: str) -> int:
+        return int(self.after.get(key) or 0) - int(self.before.get(key) or 0)
+
+    def _board(self, key: str) -> int | None:
+        return self.board_after[key] - self.board_before.get(key, 0) if key in self.board_after else None
+
+    def summary(self) -> dict[str, Any]:
+        """What `cachemesh demo --json` prints: this run's counts (the tier node's counters and the
+        dashboard's totals before and after it; a dashboard count is null without a dashboard)."""
+        return {
+            "kv_events": self.kv_events,
+            "blocks_stored": self.blocks_stored,
+            "puts": self.puts,
+            "asked": self.asked,
+            "labels": self.labels,
+            "lookups": self._delta("lookups"),
+            "hits": self._delta("hits"),
+            "warmups_applied": self._delta("commands"),
+            "blocks_warmed": self._delta("warmed"),
+            "invalidations": self._delta("invalidations_received"),
+            "drift_clusters": self._board("drift_clusters"),
+            "heat_decisions": self._board("heat_decisions"),
+            "warmup_decisions": self._board("warmup_decisions"),
+            "warmup_delta_t_ms": sorted(self.delta_t_ms),
+            "took_s": round(self.took_s, 2),
+        }
+
     def rows(self) -> list[tuple[str, str]]:
         def delta(key: str) -> int:
             return int(self.after.get(key) or 0) - int(self.before.get(key) or 0)
@@ -376,8 +403,9 @@ async def run_demo(
     return report
 
 
-def main(plan: DemoPlan) -> int:
-    """The command: find the mesh, run with a progress bar, print the dashboard URL and a summary.
+def main(plan: DemoPlan, as_json: bool = False) -> int:
+    """The command: find the mesh, run with a progress bar, print the dashboard URL and a summary
+    (`as_json`: the summary alone as JSON on stdout, the rest on stderr).
     Returns the exit code (3: the mesh is not up)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
@@ -386,7 +414,7 @@ def main(plan: DemoPlan) -> int:
 
     from infra.mesh_state import NOT_UP, running_mesh
 
-    console = Console()
+    console = Console(stderr=as_json)
     mesh = running_mesh()
     if mesh is None:
         Console(stderr=True).print(f"[red]{NOT_UP}[/]")
@@ -414,6 +442,9 @@ def main(plan: DemoPlan) -> int:
         except LookupError as exc:
             Console(stderr=True).print(f"[red]{exc}[/]")
             return 1
+    if as_json:
+        print(json.dumps(report.summary()))
+        return 0
     table = Table(title="cachemesh demo", title_justify="left")
     table.add_column("what")
     table.add_column("count", justify="right")

@@ -69,3 +69,8 @@ async def test_demo_finds_the_mesh_and_drives_both_streams(
     assert any(k.startswith("  hits l1:") for k in rows), rows
     assert "heat decisions (dashboard)" in rows
     assert report.took_s < 60
+    summary = json.loads(json.dumps(report.summary()))  # what `cachemesh demo --json` prints
+    assert summary["lookups"] == report.asked and summary["hits"] == int(rows["hits"].split()[0])
+    for key in ("warmups_applied", "invalidations", "labels"):
+        assert isinstance(summary[key], int) and summary[key] >= 0, key
+    assert "drift_clusters" in summary and isinstance(summary["heat_decisions"], int)
