@@ -8,7 +8,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help setup quix-venv run test test-unit test-integration bench lint format schemas clean
+.PHONY: help setup quix-venv run run-vllm test test-unit test-integration bench lint format schemas clean
 
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-17s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ quix-venv: ## A separate venv with quixstreams, for bench/stream_floor.py's comp
 
 run: setup ## Start broker, Postgres and every service on embedded defaults (Ctrl-C stops all)
 	$(VENV)/bin/cachemesh up
+
+run-vllm: setup ## make run, plus two local vLLM instances of a small model behind the gateway (CPU)
+	$(VENV)/bin/cachemesh up --vllm 2
 
 test: setup ## Unit and integration tests against real Kafka, tansu and Postgres
 	$(PY) -m pytest

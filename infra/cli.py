@@ -60,6 +60,12 @@ def up(
     for_seconds: Annotated[
         float | None, typer.Option(help="Stop by itself this long after all components are healthy")
     ] = None,
+    vllm: Annotated[
+        int,
+        typer.Option(
+            min=0, max=4, help="Also serve this many local vLLM instances (a small model) behind the gateway"
+        ),
+    ] = 0,
 ) -> None:
     """Start broker, Postgres and every service; show their status; Ctrl-C stops everything."""
     from infra.launcher import discover_services, existing_launcher, mesh_from_env
@@ -73,7 +79,7 @@ def up(
     if unknown:
         console.print(f"[red]unknown service(s) {unknown}; known: {discover_services()}[/]")
         raise typer.Exit(2)
-    mesh = mesh_from_env(broker, service)
+    mesh = mesh_from_env(broker, service, vllm=vllm)
     stop = asyncio.Event()
 
     async def main() -> None:

@@ -4,7 +4,10 @@ Starts the broker and Postgres (embedded unless KAFKA_BOOTSTRAP / DATABASE_URL s
 creates the catalogue's topics, applies migrations, then runs every service that exists
 (`services/<name>/__main__.py`) as its own process on its fixed metrics port, its output kept as JSON
 lines in its log, restarting one that dies. A state file lets `cachemesh status` find every component.
-Ctrl-C stops services first, then Postgres, then the broker.
+Ctrl-C stops services first, then Postgres, then the broker. With `vllm` > 0 (`cachemesh up --vllm N`)
+it also serves N local vLLM instances (infra/engines.py) behind the gateway, their KV events through
+the bridge and their KV blocks through the tier node; they start beside the services (a minute or
+more on a CPU) and stop before them.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -182,6 +187,9 @@ class Mesh:
     timings: dict[str, float] = field(default_factory=dict)
     # What a person starting the mesh should read once it is up (a metrics port that moved).
     notices: list[str] = field(default_factory=list)
+    vllm: int = 0  # local vLLM instances to serve behind the gateway
+    engines: list[Any] = field(default_factory=list)  # their VllmServer, once up() made them
+    engine_error: str | None = None
 
     async def up(self, on_progress: Callable[[str], None] = lambda _: None) -> None:
         began = time.monotonic()
@@ -202,6 +210,16 @@ class Mesh:
         self.timings["infra_ready_s"] = time.monotonic() - began
         logs = run_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
+        wired: dict[str, str] = {}
+        if self.vllm:
+            from infra.engines import engines, wiring_for
+            from services.tiers.settings import TiersSettings
+
+            on_progress("preparing the vLLM instances (venv, model)")
+            self.engines = engines(self.vllm, f"http://127.0.0.1:{TiersSettings().api_port}")
+            wired = await asyncio.to_thread(wiring_for, self.engines)
+            if "bridge" not in self.service_names:
+                self.service_names.append("bridge")
         for name in self.service_names:
             port, source = metrics_port_for(name, dict(os.environ))
             if source == "fallback":
@@ -216,11 +234,21 @@ class Mesh:
                 "KAFKA_TOPIC_NAMESPACE": self.namespace,
                 "DATABASE_URL": self.postgres.dsn,
                 metrics_port_env(name): str(port),
+                **wired,
             }
             service = ServiceProcess(name, env, logs / f"{name}.log", port, source)
             service.start()
             self.services.append(service)
+        for engine in self.engines:  # threads of their own: a Ctrl-C meanwhile need not wait for them
+            threading.Thread(target=self._start_engine, args=(engine,), daemon=True).start()
         self.write_state()
+
+    def _start_engine(self, engine: Any) -> None:
+        try:
+            engine.start()
+        except Exception as exc:  # shown in the status table: the mesh stays up without it
+            self.engine_error = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+            log.warning("a vLLM instance failed to start", extra={"error": str(exc)[-2000:]})
 
     async def poll_health(self, session: aiohttp.ClientSession) -> None:
         for service in self.services:
@@ -234,10 +262,23 @@ class Mesh:
             service.healthy = service.state != "unhealthy"  # degraded is up: it serves what it can
 
     def all_healthy(self) -> bool:
-        return self.broker.is_alive() and self.postgres.is_alive() and all(s.healthy for s in self.services)
+        infra = self.broker.is_alive() and self.postgres.is_alive()
+        return (
+            infra
+            and all(s.healthy for s in self.services)
+            and all(self._engine_ready(e) for e in self.engines)
+        )
+
+    def _engine_ready(self, engine: Any) -> bool:
+        return engine.is_alive() and engine.start_seconds > 0
 
     def addresses(self) -> list[tuple[str, str]]:
-        return addresses([(s.name, s.endpoints) for s in self.services])
+        from infra.engines import engine_id
+
+        engines = [
+            (engine_id(i), {"vLLM (OpenAI base_url)": f"{e.url}/v1"}) for i, e in enumerate(self.engines)
+        ]
+        return addresses([(s.name, s.endpoints) for s in self.services] + engines)
 
     def rows(self) -> list[tuple[str, str, str]]:
         rows = [
@@ -249,6 +290,10 @@ class Mesh:
             extra = f" restarts={s.restarts}" if s.restarts else ""
             moved = "" if s.metrics_port_source == "default" else f" ({s.metrics_port_source})"
             rows.append((s.name, state, f"{s.detail} metrics :{s.metrics_port}{moved}{extra}"))
+        for i, e in enumerate(self.engines):
+            state = "healthy" if self._engine_ready(e) else "down" if self.engine_error else "starting"
+            detail = self.engine_error or f"{e.model} at {e.url}/v1"
+            rows.append((f"vllm-{i}", state, detail))
         return rows
 
     def write_state(self) -> None:
@@ -279,7 +324,13 @@ class Mesh:
         tmp.replace(path)
 
     def down(self) -> None:
-        """Services first (they flush and commit), then Postgres, then the broker. Idempotent."""
+        """vLLM instances and services first (they flush and commit), then Postgres, then the broker.
+        Idempotent."""
+        for engine in self.engines:
+            if not self._engine_ready(engine) and engine.pid is not None:
+                with contextlib.suppress(ProcessLookupError):  # still starting: its start then gives up
+                    os.kill(engine.pid, signal.SIGTERM)
+            engine.stop()
         for service in reversed(self.services):
             service.stop()
         self.postgres.stop()
@@ -344,7 +395,7 @@ def existing_launcher() -> int | None:
     return pid
 
 
-def mesh_from_env(broker: str | None, services: list[str] | None) -> Mesh:
+def mesh_from_env(broker: str | None, services: list[str] | None, vllm: int = 0) -> Mesh:
     env = dict(os.environ)
     if broker:
         env["CACHEMESH_BROKER"] = broker
@@ -353,4 +404,5 @@ def mesh_from_env(broker: str | None, services: list[str] | None) -> Mesh:
         postgres=postgres_from_env(env, durable=True),
         service_names=default_services(env) if services is None else services,
         namespace=env.get("KAFKA_TOPIC_NAMESPACE", ""),
+        vllm=vllm,
     )
