@@ -276,7 +276,8 @@ class Mesh:
         from infra.engines import engine_id
 
         engines = [
-            (engine_id(i), {"vLLM (OpenAI base_url)": f"{e.url}/v1"}) for i, e in enumerate(self.engines)
+            (engine_id(i), {f"{engine_id(i)}, vLLM (OpenAI base_url)": f"{e.url}/v1"})
+            for i, e in enumerate(self.engines)
         ]
         return addresses([(s.name, s.endpoints) for s in self.services] + engines)
 

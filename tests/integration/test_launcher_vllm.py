@@ -36,12 +36,12 @@ def test_up_with_a_local_vllm_serves_and_caches_chat_completions(tmp_path: Path)
         deadline = time.monotonic() + 420
         while time.monotonic() < deadline and launcher.poll() is None:
             said = b"".join(err_chunks)
-            if b"all up in" in said and b"vLLM (OpenAI base_url)" in said:  # the where table follows
+            if b"all up in" in said and b"vllm-0, vLLM (OpenAI base_url)" in said:  # the where table follows
                 break
             time.sleep(1)
         err = b"".join(err_chunks).decode()
         assert launcher.poll() is None and "all up in" in err, err[-3000:]
-        assert "vllm-0" in err and "vLLM (OpenAI base_url)" in err, err[-3000:]  # where it is
+        assert "vllm-0, vLLM (OpenAI base_url)" in err, err[-3000:]  # where it is
         children = psutil.Process(launcher.pid).children(recursive=True)
         # greedy: a second miss (before the first answer is stored) gets the same answer from the engine
         body = {
