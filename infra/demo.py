@@ -49,6 +49,7 @@ class DemoReport:
     blocks_stored: int = 0
     block_writes_failed: int = 0
     puts: int = 0
+    writes_refused: int = 0  # puts the node still refused after waiting as it said (503 Retry-After)
     rewrites: int = 0
     asked: int = 0
     labels: int = 0  # explored misses the demo, knowing the answers, labelled (as the gateway does)
@@ -72,6 +73,7 @@ class DemoReport:
             "kv_events": self.kv_events,
             "blocks_stored": self.blocks_stored,
             "puts": self.puts,
+            "writes_refused": self.writes_refused,
             "asked": self.asked,
             "labels": self.labels,
             "lookups": self._delta("lookups"),
@@ -95,6 +97,11 @@ class DemoReport:
             ("KV and access events sent (Mooncake)", str(self.kv_events)),
             ("KV blocks stored as the trace computed them", str(self.blocks_stored)),
             ("answers put / source documents rewritten", f"{self.puts} / {self.rewrites}"),
+            *(
+                [("writes refused (the node's L3 was unavailable)", str(self.writes_refused))]
+                if self.writes_refused
+                else []
+            ),
             ("questions asked", str(self.asked)),
             ("explored misses labelled (the node learns its threshold from them)", str(self.labels)),
             ("lookups", str(lookups)),
@@ -306,6 +313,8 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
     (a miss); every tenth rewrites a source document (invalidating the answers that cite it) and asks
     again. An explored miss is labelled as the gateway would: the demo knows which answer is right.
     `workers` pairs at a time (the node batches their embeddings); no pair starts after `seconds`."""
+    from cachemesh_client import TiersError
+
     pairs, unanswered = qa_pairs(plan.pairs)
     deadline = time.monotonic() + plan.seconds
     queue = list(range(len(pairs)))
@@ -315,25 +324,41 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
         got = await client.lookup(text=text, model=plan.model, include_value=False)
         report.asked += 1
         if got.explore_key is not None:
-            await client.feedback(got.explore_key, text, correct=got.explore_key == right, explored=True)
+            try:
+                await client.feedback(got.explore_key, text, correct=got.explore_key == right, explored=True)
+            except TiersError as exc:
+                if exc.status != 404:
+                    raise
+                return  # the entry went meanwhile (a rewritten source invalidated it): nothing to label
             report.labels += 1
+
+    async def put(key: str, value: str, **kw: Any) -> bool:
+        """A write, tried again when the node says when (503 with Retry-After: its L3 is unavailable for
+        now); False when it still refuses."""
+        for attempt in range(4):
+            try:
+                await client.put(key, value, model=plan.model, **kw)
+                return True
+            except TiersError as exc:
+                if exc.status != 503 or exc.retry_after_s is None or attempt == 3:
+                    report.writes_refused += 1
+                    return False
+                await asyncio.sleep(min(exc.retry_after_s, 5.0))
+        return False
 
     async def pair(i: int) -> None:
         key, origin = f"demo-qa-{i}", pairs[i]["origin"]
         # Each answer cites a source document; rewriting the document invalidates what cites it (the
         # invalidation service's cascade, recorded on invalidation.records.v1).
         doc = f"demo-doc-{i % 10}"
-        await client.put(
-            key, f"Answer {i}: {origin}", model=plan.model, embed_text=origin, context_dependency_ids=[doc]
-        )
-        report.puts += 1
+        if await put(key, f"Answer {i}: {origin}", embed_text=origin, context_dependency_ids=[doc]):
+            report.puts += 1
         await ask(pairs[i]["similar"], key)
         if i % 2 == 0:
             await ask(origin, key)
         if i % 3 == 0 and i // 3 < len(unanswered):
             await ask(unanswered[i // 3])
-        if i % 10 == 9:
-            await client.put(doc, f"source document {i % 10}, revision {i}", model=plan.model)
+        if i % 10 == 9 and await put(doc, f"source document {i % 10}, revision {i}"):
             report.rewrites += 1
             await ask(pairs[i]["similar"], key)
 

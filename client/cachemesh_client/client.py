@@ -72,12 +72,14 @@ CARRIER: dict[str, str] = {
 
 
 class TiersError(Exception):
-    """The node answered with an error status; `status` and `detail` say which and why."""
+    """The node answered with an error status; `status` and `detail` say which and why, `retry_after_s`
+    when to try again (a 503 while L3 cannot take writes), if the node said."""
 
-    def __init__(self, status: int, detail: Any) -> None:
+    def __init__(self, status: int, detail: Any, retry_after_s: float | None = None) -> None:
         super().__init__(f"{status}: {detail}")
         self.status = status
         self.detail = detail
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,7 +293,11 @@ def _check(response: httpx.Response, ok: Sequence[int] = (200, 201)) -> Any:
         detail = _loads(response.content).get("detail")
     except (ValueError, AttributeError):
         detail = response.text
-    raise TiersError(response.status_code, detail)
+    try:
+        retry_after_s: float | None = float(response.headers["retry-after"])
+    except (KeyError, ValueError):
+        retry_after_s = None
+    raise TiersError(response.status_code, detail, retry_after_s)
 
 
 def _headers(token: str | None) -> dict[str, str]:

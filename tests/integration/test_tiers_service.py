@@ -273,7 +273,8 @@ async def test_health_says_degraded_and_why_while_the_l3_breaker_is_open(
     kafka, topics_on, node_settings
 ) -> None:
     """Every L3 call over a 0.001 ms p99 trips the breaker on real Postgres: the node still answers
-    lookups (from L1/L2) but refuses writes, and its health says so: degraded, with the reason."""
+    lookups (from L1/L2), still takes durable writes (slow is not failing: the client waits for a write
+    anyway), and its health says so: degraded, with the reason."""
     await topics_on(kafka)
     settings = node_settings(
         "trip", l3_breaker_p99_ms=0.001, l3_breaker_min_calls=3, l3_breaker_cooldown_ms=60_000
@@ -285,6 +286,6 @@ async def test_health_says_degraded_and_why_while_the_l3_breaker_is_open(
         health = await node.health()
         assert health["healthy"] and health["status"] == "degraded", health
         assert any("L3 breaker open" in reason for reason in health["degraded"]), health["degraded"]
-        with pytest.raises(TiersError) as refused:
-            await client.put("k", "v", model="m")
-        assert refused.value.status == 503
+        written = await client.put("k", "v", model="m")
+        assert written["persisted"] and "l3" in written["tiers"]
+        assert node.cache is not None and node.cache.breaker.state == "open"  # lookups still spared L3

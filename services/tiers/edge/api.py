@@ -71,6 +71,12 @@ def _problem(code: int, message: str) -> HTTPException:
     return HTTPException(status_code=code, detail=message)
 
 
+def _unavailable(cache: TieredCache, exc: L3Unavailable) -> HTTPException:
+    """503 with Retry-After: when L3's breaker may let the write through again (at least 1 s)."""
+    retry_s = max(1, math.ceil(cache.breaker.retry_in_ms() / 1000))
+    return HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": str(retry_s)})
+
+
 def _embedding(fields: EmbeddingFields, dim: int) -> np.ndarray | None:
     if fields.embedding is not None and fields.embedding_b64 is not None:
         raise _problem(422, "give embedding or embedding_b64, not both")
@@ -174,7 +180,7 @@ async def _put(cache: TieredCache, meta: EntryMeta, blob: bytes, threshold: floa
     try:
         result = await cache.put(meta, blob, invalidate_threshold=threshold)
     except L3Unavailable as exc:
-        raise _problem(503, str(exc)) from None
+        raise _unavailable(cache, exc) from None
     except L3Rejected as exc:
         raise _problem(422, str(exc)) from None
     return PutOut(
@@ -427,7 +433,7 @@ def create_app(
         try:
             return DeleteOut(key=key, deleted=await cache.delete(key))
         except L3Unavailable as exc:
-            raise _problem(503, str(exc)) from None
+            raise _unavailable(cache, exc) from None
 
     @v1.get(
         "/values/{key:path}",

@@ -1,6 +1,8 @@
 """Circuit breaker around L3 (DESIGN.md §3 release safety, seed §4.4): open when the P99 latency of the
 recent calls exceeds a bound (150 ms in the seed), then serve from L1/L2 only; after a cooldown let one
-probe call through (half-open) and close again only when it is fast and succeeds.
+probe call through (half-open) and close again only when it is fast and succeeds. A call that must not
+be refused for slowness alone (a durable write: the client waits for it) still goes while the breaker
+is open only because calls are slow (`allow_slow`), not because they fail.
 
 Pure: the caller times each call and reports it; the clock (monotonic ms) is passed in.
 """
@@ -52,6 +54,8 @@ class LatencyBreaker:
         self.state: BreakerState = "closed"
         self._opened_at = 0
         self._probe_out = False
+        self.failing = False  # opened because calls failed, not only because they were slow
+        self._failed: deque[bool] = deque(maxlen=window)  # which samples in the window are failures
         self.opened = 0
         self.rejected = 0
         self.failures = 0
@@ -77,6 +81,31 @@ class LatencyBreaker:
         self.rejected += 1
         return False
 
+    def retry_in_ms(self) -> int:
+        """How long until a refused call could go (the rest of the cooldown); 0 when it could now."""
+        if self.state != "open":
+            return 0
+        return max(0, self.cooldown_ms - (self.clock() - self._opened_at))
+
+    def allow_slow(self) -> bool:
+        """May a call that a client waits for anyway go to L3 now? Yes unless the breaker is open because
+        calls fail (a slow L3 still takes a durable write; a failing one would only time it out).
+        Report its outcome with `record_slow`."""
+        return self.state == "closed" or not self.failing
+
+    def record_slow(self, latency_ms: float, ok: bool = True) -> None:
+        """Report a call let through by `allow_slow` while the breaker is not closed: a failure marks the
+        breaker failing (and restarts its cooldown); a success changes nothing (the probe decides)."""
+        if self.state == "closed":
+            self.record(latency_ms, ok)
+            return
+        if self.observe is not None:
+            self.observe(latency_ms, ok)
+        if not ok:
+            self.failures += 1
+            self.state, self.failing, self.reason = "open", True, "a call failed while open"
+            self._opened_at = self.clock()
+
     def record(self, latency_ms: float, ok: bool = True) -> None:
         """Report one call that `allow()` let through: its latency and whether it succeeded."""
         if self.observe is not None:
@@ -92,24 +121,28 @@ class LatencyBreaker:
                 self.state = "closed"
                 self.reason = None
                 self._samples.clear()
+                self._failed.clear()
                 self._over = 0
-                self._push(latency_ms)
+                self.failing = False
+                self._push(latency_ms, not ok)
             else:
-                self._open(f"probe took {latency_ms:.0f} ms" if ok else "probe failed")
+                self._open(f"probe took {latency_ms:.0f} ms" if ok else "probe failed", failing=not ok)
             return
-        self._push(latency_ms)
+        self._push(latency_ms, not ok)
         if self.state == "closed" and len(self._samples) >= self.min_calls and self._over:
             p99 = self.p99_ms()
             if p99 is not None and p99 > self.p99_bound_ms:
-                self._open(f"L3 p99 {p99:.0f} ms > {self.p99_bound_ms:.0f} ms")
+                self._open(f"L3 p99 {p99:.0f} ms > {self.p99_bound_ms:.0f} ms", failing=any(self._failed))
 
-    def _push(self, latency_ms: float) -> None:
+    def _push(self, latency_ms: float, failed: bool) -> None:
         if len(self._samples) == self._samples.maxlen and self._samples[0] > self.p99_bound_ms:
             self._over -= 1  # the oldest sample leaves the window
         self._samples.append(latency_ms)
+        self._failed.append(failed)
         self._over += latency_ms > self.p99_bound_ms
 
-    def _open(self, reason: str) -> None:
+    def _open(self, reason: str, *, failing: bool) -> None:
+        self.failing = failing
         self.state = "open"
         self._opened_at = self.clock()
         self.opened += 1

@@ -324,11 +324,18 @@ class TierReads:
     # --- L3 through the breaker -----------------------------------------------------------------
 
     async def _l3_call(
-        self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, durable: bool = False, **kwargs: Any
     ) -> tuple[bool, Any]:
         """(ran, result) of `fn(*args, **kwargs)` on L3: ran is False when the breaker refused or the
-        call failed or timed out."""
-        if self.l3 is None or not self.breaker.allow():
+        call failed or timed out. `durable`: a write the client waits for, refused only while L3 fails
+        (a breaker open for slowness protects lookups, not acknowledged writes)."""
+        if self.l3 is None:
+            return False, None
+        if self.breaker.allow():
+            record = self.breaker.record
+        elif durable and self.breaker.allow_slow():
+            record = self.breaker.record_slow
+        else:
             return False, None
         started = self.perf_ns()
         try:
@@ -336,14 +343,14 @@ class TierReads:
                 result = await fn(*args, **kwargs)
         except L3Rejected:
             # The data was refused, L3 itself answered: not a failure of L3, and not worth a retry.
-            self.breaker.record((self.perf_ns() - started) / 1e6, ok=True)
+            record((self.perf_ns() - started) / 1e6, ok=True)
             raise
         except Exception as exc:  # includes TimeoutError: L3 is slow or down; serve without it
-            self.breaker.record((self.perf_ns() - started) / 1e6, ok=False)
+            record((self.perf_ns() - started) / 1e6, ok=False)
             self.counters.l3_errors += 1
             log.warning("L3 call failed; serving from L1/L2", extra={"error": repr(exc)})
             return False, None
-        self.breaker.record((self.perf_ns() - started) / 1e6, ok=True)
+        record((self.perf_ns() - started) / 1e6, ok=True)
         return True, result
 
     # --- the lookup plan, executed ----------------------------------------------------------------

@@ -149,7 +149,7 @@ class TieredCache(TierReads):
             now = self.clock.now()
             entry = Entry(replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob)), blob)
             try:
-                persisted = await self._persist(entry)
+                persisted = await self._persist(entry, optional=True)
             except (L3Unavailable, L3Rejected):
                 persisted = False
             self._drop_local(meta.key, "replaced")  # a block of other weights under this key, if any
@@ -176,12 +176,17 @@ class TieredCache(TierReads):
                 stale.add(key)
         return stale
 
-    async def _persist(self, entry: Entry, announce: CacheInvalidated | None = None) -> bool:
+    async def _persist(
+        self, entry: Entry, announce: CacheInvalidated | None = None, *, optional: bool = False
+    ) -> bool:
         """Write to L3 now if the breaker allows (with `announce` in its outbox); otherwise queue it
-        (bounded) for `flush_pending`."""
+        (bounded) for `flush_pending`. `optional`: the caller stores the entry locally either way (a KV
+        block), so a slow L3 is not waited for."""
         key = entry.key
         if key not in self._pending and self.l3 is not None:
-            ran, _ = await self._l3_call(self.l3.put, entry, announce=announce)
+            ran, _ = await self._l3_call(
+                self.l3.put, entry, announce=announce, durable=not (self.write_behind or optional)
+            )
             if ran:
                 return True
         if self.l3 is None:
@@ -216,7 +221,9 @@ class TieredCache(TierReads):
             existed = True
         event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         if self.l3 is not None:
-            ran, gone = await self._l3_call(self.l3.delete, key, announce=event)
+            ran, gone = await self._l3_call(
+                self.l3.delete, key, announce=event, durable=not self.write_behind
+            )
             if ran:
                 existed = existed or bool(gone)
             elif not self.write_behind:

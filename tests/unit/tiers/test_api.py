@@ -246,6 +246,24 @@ async def test_bearer_token_guards_every_v1_route_and_is_never_echoed() -> None:
         assert (await client.get("k")).value == "v"
 
 
+async def test_a_write_l3_cannot_take_is_503_with_retry_after() -> None:
+    clock = Clock()
+    cache = make_cache(clock)
+    assert isinstance(cache.l3, MemoryL3)
+    cache.l3.fail = True
+    app = create_app(cache, settings(), WordEmbedder())
+    async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as client:
+        for i in range(20):  # failing calls open the breaker (5 s cooldown)
+            with pytest.raises(TiersError) as err:
+                await client.put(f"k{i}", "v", model="m")
+            assert err.value.status == 503 and "not acknowledged" in str(err.value.detail)
+        assert cache.breaker.state == "open" and err.value.retry_after_s == 5
+        clock.advance(4_200)
+        with pytest.raises(TiersError) as err:
+            await client.delete("k0")
+        assert err.value.status == 503 and err.value.retry_after_s == 1
+
+
 async def test_text_lookup_without_an_embedder_is_503() -> None:
     app = create_app(make_cache(Clock()), settings(), None)
     async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as client:

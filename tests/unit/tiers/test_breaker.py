@@ -98,3 +98,28 @@ def test_it_opens_exactly_when_the_window_p99_says_so(calls: list[tuple[float, b
             if len(window) >= 10 and float(np.percentile(list(window), 99)) > 150:
                 state = "open"
         assert b.state == state
+
+
+def test_a_breaker_open_for_slowness_still_lets_a_waited_for_call_through_not_one_that_fails() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(10):
+        b.record(500.0)
+    assert b.state == "open" and not b.failing
+    assert not b.allow() and b.allow_slow()  # a lookup is refused, a durable write is not
+    b.record_slow(400.0, ok=True)
+    assert b.state == "open" and b.allow_slow()  # a slow success changes nothing
+    b.record_slow(1000.0, ok=False)
+    assert b.state == "open" and b.failing and not b.allow_slow() and b.failures == 1
+    clock.advance(5000)
+    assert b.allow()  # the probe, fast: closed and no longer failing
+    b.record(5.0)
+    assert b.state == "closed" and not b.failing and b.allow_slow()
+
+
+def test_a_window_with_failures_opens_failing() -> None:
+    b = breaker(Clock())
+    for _ in range(9):
+        b.record(5.0)
+    b.record(5.0, ok=False)  # one failure is slow enough to push the p99 over the bound
+    assert b.state == "open" and b.failing and not b.allow_slow()

@@ -396,6 +396,27 @@ async def test_breaker_opens_on_slow_l3_then_serves_l1_l2_only_and_writes_behind
     )
 
 
+async def test_a_durable_write_waits_for_a_slow_l3_the_breaker_keeps_lookups_from() -> None:
+    # Open for slowness, the breaker spares lookups the wait; a client waits for its write anyway, and a
+    # slow write is still a durable one. A failing L3 is another matter (the test below).
+    rig = make(l3_latency_ms=200)
+    for i in range(5):
+        assert not (await rig.cache.get(f"miss-{i}")).hit
+    assert rig.cache.breaker.state == "open" and not rig.cache.breaker.failing
+    calls = rig.l3.calls
+    assert not (await rig.cache.get("skipped")).hit and rig.l3.calls == calls
+    written = await rig.cache.put(meta("slow"), encode_text("s", model="m"))
+    assert written.persisted and "slow" in rig.l3.rows
+    assert await rig.cache.delete("slow") and "slow" not in rig.l3.rows
+    rig.l3.fail = True
+    with pytest.raises(L3Unavailable, match="not acknowledged"):
+        await rig.cache.put(meta("w"), encode_text("w", model="m"))
+    assert rig.cache.breaker.failing
+    with pytest.raises(L3Unavailable, match="not acknowledged"):  # refused without waiting now
+        await rig.cache.put(meta("w2"), encode_text("w", model="m"))
+    assert rig.l3.calls == calls + 3
+
+
 async def test_failing_l3_degrades_and_the_write_behind_queue_is_bounded() -> None:
     rig = make(l3=MemoryL3(fail=True), max_pending=2, write_behind=True)
     assert (await rig.cache.get("k")).degraded
