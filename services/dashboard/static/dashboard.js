@@ -41,10 +41,10 @@ function makeChart(name, series) {
     width: 580, height: 220,
     scales: { x: { time: true } },
     // hh:mm:ss ticks at least 90 px apart (uPlot's default labels sub-second ticks as ":10.500")
-    // and the same clock in the legend.
+    // and the same clock in the legend; y gutters wide enough for "-20,000" (uPlot's default clips it).
     series: [{ value: (u, v) => (v === null || v === undefined ? "--" : clock(v)) }].concat(series.map((s, i) => ({ label: s.label, stroke: COLORS[i % COLORS.length], scale: s.scale || "y", spanGaps: true, points: { show: true, size: 4 } }))),
     axes: [{ space: 90, values: (u, splits) => splits.map(clock) }].concat(
-      [...new Set(series.map((s) => s.scale || "y"))].map((scale, i) => ({ scale: scale, side: i === 0 ? 3 : 1, grid: { show: i === 0 } }))
+      [...new Set(series.map((s) => s.scale || "y"))].map((scale, i) => ({ scale: scale, side: i === 0 ? 3 : 1, grid: { show: i === 0 }, size: 64 }))
     ),
   };
   charts[name] = { plot: new uPlot(opts, [[]].concat(series.map(() => [])), el), el: el, columns: series.map((s) => s.column) };
