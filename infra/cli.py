@@ -187,7 +187,21 @@ async def _status_rows(
             found, detail, endpoints = await http_health(session, svc["health_url"], "unreachable")
             rows.append((svc["name"], found, f"{detail} ({svc['health_url']})"))
             where[svc["name"]] = endpoints
+        engines = state.get("engines") or []
+        assert isinstance(engines, list)
+        for engine in engines:
+            rows.append((engine["name"], await _engine_state(session, engine["url"]), str(engine["model"])))
+            where[engine["name"]] = {f"{engine['name']}, vLLM (OpenAI base_url)": f"{engine['url']}/v1"}
     return rows, where
+
+
+async def _engine_state(session: aiohttp.ClientSession, url: str) -> str:
+    """A vLLM instance's state from its /health: healthy (200), unhealthy (other), down (no answer)."""
+    try:
+        async with session.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=3)) as response:
+            return "healthy" if response.status == 200 else "unhealthy"
+    except (aiohttp.ClientError, TimeoutError):
+        return "down"
 
 
 @app.command()

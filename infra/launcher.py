@@ -317,6 +317,10 @@ class Mesh:
                 }
                 for s in self.services
             ],
+            # `cachemesh status` asks each vLLM instance's /health itself
+            "engines": [
+                {"name": f"vllm-{i}", "url": e.url, "model": e.model} for i, e in enumerate(self.engines)
+            ],
         }
         path = state_path()
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,6 +42,12 @@ def test_up_with_a_local_vllm_serves_and_caches_chat_completions(tmp_path: Path)
         err = b"".join(err_chunks).decode()
         assert launcher.poll() is None and "all up in" in err, err[-3000:]
         assert "vllm-0, vLLM (OpenAI base_url)" in err, err[-3000:]  # where it is
+        status = subprocess.run(
+            [*CLI, "status", "--json"], env=env, cwd=REPO, capture_output=True, timeout=60
+        )
+        engine = next(r for r in json.loads(status.stdout) if r["component"] == "vllm-0")
+        assert engine["state"] == "healthy" and engine["detail"] == "cachemesh-small", engine
+        assert engine["endpoints"]["vllm-0, vLLM (OpenAI base_url)"].endswith("/v1"), engine
         children = psutil.Process(launcher.pid).children(recursive=True)
         # greedy: a second miss (before the first answer is stored) gets the same answer from the engine
         body = {
