@@ -205,6 +205,31 @@ def kv_events(plan: DemoPlan, now_ms: int, node_id: str | None = None) -> list[E
     return out
 
 
+# One line per figure of the summary table: what made it and what it shows.
+MEANING = {
+    "KV and access events sent (Mooncake)": "a real trace's KV block events, time-compressed, on Kafka",
+    "KV blocks stored as the trace computed them": "the demo stands in for the engine's KV connector",
+    "answers put / source documents rewritten": "each answer cites a document; a rewrite invalidates it",
+    "writes refused (the node's L3 was unavailable)": "503s left after waiting as the node said",
+    "questions asked": "paraphrases, word-for-word repeats and questions nothing answers",
+    "explored misses labelled (the node learns its threshold from them)": (
+        "a paraphrase is served once labels bound its error"
+    ),
+    "lookups": "the tier node's own count for this run",
+    "hits": "repeats hit at once; paraphrases once the threshold is learned",
+    "warmups applied (tier node): blocks loaded / in place": (
+        "warmup's commands for next turns; in place: L2 still held them"
+    ),
+    "warmup Δt (turn - warm): median, before the turn": "how early the blocks were ready",
+    "invalidations received (tier node)": "the rewrites' cascades, heard over Kafka",
+    "warmup decisions (dashboard)": "warmup's warm / skip decisions on the conversations",
+    "invalidation records (dashboard)": "one record per rewrite, with its dependants",
+    "heat decisions (dashboard)": "heat's keep / demote / evict scores for the keys",
+    "drift clusters (dashboard)": "streams' groups of keys accessed together",
+    "took": "",
+}
+
+
 def stand_in_block(key: str, model: str) -> FetchedBlock:
     """A small KV block value (the demo has no engine to compute real ones): what a warm loads."""
     value = encode(np.zeros(128, dtype=np.float16), kind="kv_block", model=model)
@@ -473,8 +498,9 @@ def main(plan: DemoPlan, as_json: bool = False) -> int:
     table = Table(title="cachemesh demo", title_justify="left")
     table.add_column("what")
     table.add_column("count", justify="right")
+    table.add_column("what it means", style="dim")
     for what, count in report.rows():
-        table.add_row(what, count)
+        table.add_row(what, count, MEANING.get(what.strip(), ""))
     console.print(table)
     if url:
         console.print(f"open the dashboard: [bold]{url}[/]")

@@ -33,3 +33,17 @@ def test_a_stand_in_block_is_a_kv_block_value_of_its_model() -> None:
     header = decode_header(block.value)
     assert header.kind == "kv_block" and header.model == "llama-7b"
     assert parse_blocks(encode_blocks([block]))[0].key == block.key
+
+
+def test_every_figure_of_the_summary_says_what_it_means() -> None:
+    from infra.demo import MEANING, DemoReport
+
+    report = DemoReport(writes_refused=1, delta_t_ms=[1, 2])
+    report.before = {"lookups": 0, "hits_by_tier": {}}
+    report.after = {"lookups": 4, "hits": 2, "hits_by_tier": {"l1:semantic": 2}}
+    report.board_after = {
+        k: 1 for k in ("warmup_decisions", "invalidations", "heat_decisions", "drift_clusters")
+    }
+    whats = [what for what, _ in report.rows() if not what.startswith("  ")]  # per-tier lines indent
+    assert len(whats) == 16
+    assert [w for w in whats if w not in MEANING] == []
