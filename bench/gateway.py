@@ -5,7 +5,7 @@ the write happens after the answer); an exact hit and a semantic hit (answered b
 upstream never asked). Streamed misses and hits are timed to the last byte. Beside them, the tier node's
 own lookup (a miss, straight to its API): how much of a miss's added time is the cache's.
 
-The upstream is the OpenAI-compatible double (`bench/_openai_upstream.py`, a fixed delay standing in
+The upstream is the OpenAI-compatible double (`infra/standin.py`, a fixed delay standing in
 for generation), the tier node and the gateway run as their own processes, on a real broker and Postgres
 (`KAFKA_BOOTSTRAP` / `DATABASE_URL` when set, otherwise it starts its own).
 Run: `python -m bench.gateway [--requests N] [--upstream-delay-ms D] [--hedge-after-ms H] [--pin]`.
@@ -166,7 +166,7 @@ async def _run(
     }
     if hedge_after_ms is not None:
         gw_env["CACHEMESH_GATEWAY_HEDGE_AFTER_MS"] = str(hedge_after_ms)
-    upstream_args = ["-m", "bench._openai_upstream", "--port", str(up_port), "--delay-ms", str(delay_ms)]
+    upstream_args = ["-m", "infra.standin", "--port", str(up_port), "--delay-ms", str(delay_ms)]
     direct_url, gateway_url = f"http://127.0.0.1:{up_port}/v1", f"http://127.0.0.1:{gw_port}/v1"
     with (
         tempfile.TemporaryDirectory(prefix="bench-gateway-") as tmp,

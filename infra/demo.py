@@ -41,6 +41,8 @@ class DemoPlan:
     pairs: int = 300
     workers: int = 8
     model: str = "demo"
+    chats: int = 20  # questions sent twice through the gateway, when it has a model server
+    chat_model: str = "stub-model"  # the stand-in's (infra/standin.py)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class DemoReport:
     rewrites: int = 0
     asked: int = 0
     labels: int = 0  # explored misses the demo, knowing the answers, labelled (as the gateway does)
+    chats: int = 0  # chat completions through the gateway
+    chat_hits: int = 0  # of them answered from the cache (x-cachemesh-cache: hit)
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
     board_before: dict[str, int] = field(default_factory=dict)
@@ -76,6 +80,8 @@ class DemoReport:
             "writes_refused": self.writes_refused,
             "asked": self.asked,
             "labels": self.labels,
+            "chats": self.chats,
+            "chat_hits": self.chat_hits,
             "lookups": self._delta("lookups"),
             "hits": self._delta("hits"),
             "warmups_applied": self._delta("commands"),
@@ -104,6 +110,11 @@ class DemoReport:
             ),
             ("questions asked", str(self.asked)),
             ("explored misses labelled (the node learns its threshold from them)", str(self.labels)),
+            *(
+                [("chat completions through the gateway: from the cache", f"{self.chats}: {self.chat_hits}")]
+                if self.chats
+                else []
+            ),
             ("lookups", str(lookups)),
             ("hits", f"{hits} ({hits / lookups:.0%})" if lookups else "0"),
         ]
@@ -162,6 +173,18 @@ async def tiers_node(session: aiohttp.ClientSession, mesh: MeshState) -> tuple[s
     return (str(api["url"]), str(body.get("node_id") or "")) if api.get("url") and body else None
 
 
+async def gateway_url(session: aiohttp.ClientSession, mesh: MeshState) -> str | None:
+    """The gateway's OpenAI base URL, from its health report, when it is up with a model server."""
+    health_url = mesh.health_urls.get("gateway")
+    body = None if health_url is None else await _get_json(session, health_url)
+    if not isinstance(body, dict) or body.get("status") not in ("healthy", "degraded"):
+        return None
+    if any("upstream" in str(reason) for reason in body.get("degraded") or []):
+        return None  # no model server behind it: every miss would be a 503
+    url = (body.get("endpoints") or {}).get("gateway (OpenAI base_url)")
+    return str(url) if url else None
+
+
 async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as response:
@@ -215,7 +238,10 @@ MEANING = {
     "explored misses labelled (the node learns its threshold from them)": (
         "a paraphrase is served once labels bound its error"
     ),
-    "lookups": "the tier node's own count for this run",
+    "chat completions through the gateway: from the cache": (
+        "each question asked twice: the model server answers once"
+    ),
+    "lookups": "the tier node's own count for this run (the gateway's included)",
     "hits": "repeats hit at once; paraphrases once the threshold is learned",
     "warmups applied (tier node): blocks loaded / in place": (
         "warmup's commands for next turns; in place: L2 still held them"
@@ -397,6 +423,33 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
     await asyncio.gather(*(worker() for _ in range(plan.workers)))
 
 
+async def drive_chat(
+    session: aiohttp.ClientSession, base_url: str, plan: DemoPlan, report: DemoReport
+) -> None:
+    """A few chat completions through the gateway, paced over the run, each question twice: the first
+    goes to the model server and is stored, the second (half a run later) is answered from the cache."""
+    questions = [p["origin"] for p in qa_pairs(plan.chats)[0]]
+    listed = await _get_json(session, f"{base_url}/models")  # the model behind the gateway
+    models = [m.get("id") for m in (listed or {}).get("data") or [] if isinstance(m, dict)]
+    model = str(models[0]) if models and models[0] else plan.chat_model
+    began, step_s = time.monotonic(), plan.seconds / max(1, 2 * len(questions))
+    for round_ in range(2):
+        for n, question in enumerate(questions):
+            await _paced(began, (round_ * len(questions) + n) * step_s)
+            body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 16}
+            try:
+                async with session.post(
+                    f"{base_url}/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)
+                ) as response:
+                    await response.read()
+                    if response.status != 200:
+                        continue
+                    report.chats += 1
+                    report.chat_hits += response.headers.get("x-cachemesh-cache") == "hit"
+            except (aiohttp.ClientError, TimeoutError):
+                continue
+
+
 async def board_snapshot(session: aiohttp.ClientSession, mesh: MeshState) -> dict[str, Any]:
     url = dashboard_url(mesh)  # the metrics port: the one the state file names
     body = None if url is None else await _get_json(session, f"{url}api/snapshot")
@@ -437,9 +490,11 @@ async def run_demo(
             report.before = await client.stats()
             report.board_before = dict((await board_snapshot(session, mesh)).get("totals") or {})
             started_s = time.time()
+            gateway = await gateway_url(session, mesh)
             await asyncio.gather(
                 drive_kv(events, mesh.bootstrap, mesh.namespace, plan.seconds, report, on, store),
                 drive_qa(client, plan, report, on),
+                *([drive_chat(session, gateway, plan, report)] if gateway and plan.chats else []),
             )
             await store.drain()
             report.blocks_stored, report.block_writes_failed = store.stored, store.failed

@@ -190,6 +190,8 @@ class Mesh:
     vllm: int = 0  # local vLLM instances to serve behind the gateway
     engines: list[Any] = field(default_factory=list)  # their VllmServer, once up() made them
     engine_error: str | None = None
+    standin: ServerProcess | None = None  # the gateway's stand-in model server, when it has no other
+    standin_url: str = ""
 
     async def up(self, on_progress: Callable[[str], None] = lambda _: None) -> None:
         began = time.monotonic()
@@ -220,6 +222,16 @@ class Mesh:
             wired = await asyncio.to_thread(wiring_for, self.engines)
             if "bridge" not in self.service_names:
                 self.service_names.append("bridge")
+        if "gateway" in self.service_names and not self.vllm and not upstream_configured(dict(os.environ)):
+            port = free_port()
+            self.standin = ServerProcess(
+                [sys.executable, "-m", "infra.standin", "--port", str(port)],
+                log_path=logs / "standin.log",
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+                cwd=REPO_ROOT,
+            )
+            self.standin_url = f"http://127.0.0.1:{port}/v1"
+            wired["CACHEMESH_GATEWAY_UPSTREAM_URL"] = self.standin_url
         for name in self.service_names:
             port, source = metrics_port_for(name, dict(os.environ))
             if source == "fallback":
@@ -279,6 +291,8 @@ class Mesh:
             (engine_id(i), {f"{engine_id(i)}, vLLM (OpenAI base_url)": f"{e.url}/v1"})
             for i, e in enumerate(self.engines)
         ]
+        if self.standin is not None:
+            engines.append(("stand-in", {"stand-in model server (OpenAI base_url)": self.standin_url}))
         return addresses([(s.name, s.endpoints) for s in self.services] + engines)
 
     def rows(self) -> list[tuple[str, str, str]]:
@@ -295,6 +309,9 @@ class Mesh:
             state = "healthy" if self._engine_ready(e) else "down" if self.engine_error else "starting"
             detail = self.engine_error or f"{e.model} at {e.url}/v1"
             rows.append((f"vllm-{i}", state, detail))
+        if self.standin is not None:
+            what = f"{STANDIN_MODEL}: canned answers (CACHEMESH_GATEWAY_UPSTREAM_URL names a real server)"
+            rows.append(("stand-in", _state(self.standin.is_alive()), what))
         return rows
 
     def write_state(self) -> None:
@@ -320,7 +337,12 @@ class Mesh:
             # `cachemesh status` asks each vLLM instance's /health itself
             "engines": [
                 {"name": f"vllm-{i}", "url": e.url, "model": e.model} for i, e in enumerate(self.engines)
-            ],
+            ]
+            + (
+                [{"name": "stand-in", "url": self.standin_url.removesuffix("/v1"), "model": STANDIN_MODEL}]
+                if self.standin is not None
+                else []
+            ),
         }
         path = state_path()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -338,10 +360,23 @@ class Mesh:
             engine.stop()
         for service in reversed(self.services):
             service.stop()
+        if self.standin is not None:
+            self.standin.stop(5.0)
         self.postgres.stop()
         self.broker.stop()
         with contextlib.suppress(FileNotFoundError):
             state_path().unlink()
+
+
+STANDIN_MODEL = "stub-model"  # infra/standin.py's
+
+
+def upstream_configured(env: dict[str, str], default_port: int = 8000) -> bool:
+    """Whether the gateway has a model server to talk to: one named in its settings, or one listening
+    on its default upstream's port (`vllm serve --port 8000`). Otherwise `cachemesh up` starts the
+    stand-in for it."""
+    named = env.get("CACHEMESH_GATEWAY_UPSTREAM_URL") or env.get("CACHEMESH_GATEWAY_UPSTREAMS")
+    return bool(named) or not port_is_free(default_port)
 
 
 def _state(alive: bool) -> str:

@@ -1,7 +1,9 @@
 """What a newcomer does after `make run`: `cachemesh up` (tansu, every service), then `cachemesh demo
 --json`, then the dashboard in headless Chromium. Every service acts in the demo: warmups are applied,
-drift forms clusters, invalidations cascade, heat decides; and the dashboard's warmup and drift panels
-fill from that run alone (no record published by the test). A screenshot is kept in tmp_path."""
+drift forms clusters, invalidations cascade, heat decides, the gateway (in front of the stand-in model
+server `cachemesh up` starts when none is named) answers repeats from the cache; and the dashboard's
+warmup and drift panels fill from that run alone (no record published by the test). A screenshot is
+kept in tmp_path."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.paths import free_port
+from infra.paths import port_is_free
 from tests.integration.test_dashboard_browser import CHROMIUM, _chromium
 
 pytestmark = [pytest.mark.integration, pytest.mark.tansu]
@@ -32,7 +34,10 @@ CLI = [sys.executable, "-m", "infra.cli"]
 def test_the_demo_makes_every_service_act_and_the_dashboard_shows_it(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("KAFKA_BOOTSTRAP", "DATABASE_URL")}
     env.update(CACHEMESH_CACHE_DIR=str(tmp_path), CACHEMESH_BROKER="tansu", PYTHONPATH=str(REPO))
-    env["CACHEMESH_GATEWAY_UPSTREAM_URL"] = f"http://127.0.0.1:{free_port()}/v1"  # no model server
+    # No model server named: the gateway gets the stand-in (unless one listens on :8000).
+    env.pop("CACHEMESH_GATEWAY_UPSTREAM_URL", None)
+    env.pop("CACHEMESH_GATEWAY_UPSTREAMS", None)
+    standin = port_is_free(8000)
     launcher = subprocess.Popen(
         [*CLI, "up"], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -60,6 +65,9 @@ def test_the_demo_makes_every_service_act_and_the_dashboard_shows_it(tmp_path: P
         assert summary["warmup_delta_t_ms"], summary  # and were measured against the turns they served
         assert summary["drift_clusters"] > 0, summary
         assert summary["invalidations"] > 0 and summary["heat_decisions"] > 0, summary
+        assert summary["chats"] == 40 and summary["chat_hits"] >= 15, summary  # the gateway acts too
+        if standin:
+            assert "stand-in model server (OpenAI base_url)" in err, err[-3000:]
 
         dom = asyncio.run(_chromium("--virtual-time-budget=4000", "--dump-dom", board.group(0)))
         shot = tmp_path / "dashboard-after-demo.png"

@@ -21,8 +21,8 @@ import pytest
 import requests
 from aiokafka import AIOKafkaConsumer
 
-from bench._openai_upstream import UpstreamDouble, answer_for, serving_upstream
 from infra.paths import free_port
+from infra.standin import UpstreamDouble, answer_for, serving_upstream
 from schemas.events import ConversationEnded, ConversationStarted
 from schemas.topics import qualified
 from schemas.wire import decode

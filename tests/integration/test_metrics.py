@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench._openai_upstream import serving_upstream
+from infra.standin import serving_upstream
 from schemas.topics import qualified
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings

@@ -36,3 +36,19 @@ def test_wiring_needs_an_events_pair_per_instance() -> None:
         wiring(["http://127.0.0.1:9001"], [], "/models/small")
     with pytest.raises(ValueError):
         wiring([], [], "/models/small")
+
+
+def test_the_gateway_gets_the_stand_in_only_when_it_has_no_model_server() -> None:
+    import socket
+
+    from infra.launcher import upstream_configured
+    from infra.paths import free_port
+
+    port = free_port()
+    assert not upstream_configured({}, default_port=port)
+    assert upstream_configured({"CACHEMESH_GATEWAY_UPSTREAM_URL": "http://h:1/v1"}, default_port=port)
+    assert upstream_configured({"CACHEMESH_GATEWAY_UPSTREAMS": '[{"name": "a"}]'}, default_port=port)
+    with socket.socket() as listening:  # a model server on the default port (vllm serve --port 8000)
+        listening.bind(("127.0.0.1", port))
+        listening.listen()
+        assert upstream_configured({}, default_port=port)

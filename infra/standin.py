@@ -1,7 +1,7 @@
-"""A stand-in OpenAI-compatible model server (the upstream of the gateway in its tests and in
-bench/gateway.py): deterministic answers, every call counted, and it can be told to fail (any status),
-to be slow, or to break a stream off. In-process (`serving_upstream()`) or as its own process
-(`python -m bench._openai_upstream --port N`)."""
+"""A stand-in OpenAI-compatible model server: the gateway's upstream when `cachemesh up` has no model
+server to put behind it, and in the gateway's tests and bench/gateway.py. Deterministic answers, every
+call counted, and it can be told to fail (any status), to be slow, or to break a stream off.
+In-process (`serving_upstream()`) or as its own process (`python -m infra.standin --port N`)."""
 
 from __future__ import annotations
 
@@ -99,6 +99,10 @@ def create_upstream(double: UpstreamDouble) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await complete("completion", request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
