@@ -395,6 +395,7 @@ class EventConsumer:
         self._stopping = False
         self.last_poll_monotonic: float | None = None
         self.processed = 0
+        self.seen = 0  # records taken, whatever became of them (applied, duplicate, dead-lettered)
         # The next offset to apply, per partition (kept past commits): the lag the metrics report.
         self.applied: dict[TopicPartition, int] = {}
 
@@ -455,6 +456,7 @@ class EventConsumer:
             "running": self._consumer is not None,
             "assigned": assignment,
             "processed": self.processed,
+            "seen": self.seen,
         }
 
     async def run(self) -> None:
@@ -562,6 +564,7 @@ class EventConsumer:
             log.warning("offset commit failed; records will be redelivered", extra={"error": str(exc)})
 
     async def _process(self, record: ConsumerRecord[bytes, bytes]) -> None:
+        self.seen += 1
         admission = admit(record.value, self._settings.max_event_bytes, self._dedupe)
         if not isinstance(admission, Apply):
             if isinstance(admission, DeadLetter):

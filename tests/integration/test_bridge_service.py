@@ -107,6 +107,11 @@ async def kv_tap(kafka, namespace) -> AsyncIterator[Tap]:  # type: ignore[no-unt
         yield tap
 
 
+def _seen(service: HeatService) -> int:
+    """Records the heat service's consumers have taken (applied, dropped as duplicates or dead-lettered)."""
+    return sum(consumer.seen for consumer in service._consumers)
+
+
 def stored_hashes(events: list[Event]) -> set[str]:
     return {e.block_hash for e in events if isinstance(e, KvBlockStored)}
 
@@ -177,9 +182,13 @@ async def test_a_batch_missing_on_pub_is_filled_from_the_replay_socket(
             for b in range(4, 6):
                 pub.publish(chain_batch(b))
             await until(lambda: len(tap.records) >= 6 * BLOCKS_PER_BATCH, timeout_s=30, step_s=0.02)
+            # A later batch as a marker: once it is through, a copy of anything sent before it is too.
+            pub.publish(chain_batch(6))
+            marker = {key(n) for n in range(6 * BLOCKS_PER_BATCH, 7 * BLOCKS_PER_BATCH)}
+            await until(lambda: marker <= stored_hashes(tap.events()), timeout_s=30, step_s=0.02)
             (engine,) = bridge.engines
-    assert stored_hashes(tap.events()) == {key(n) for n in range(6 * BLOCKS_PER_BATCH)}
-    assert len(tap.records) == 6 * BLOCKS_PER_BATCH  # nothing twice
+    assert stored_hashes(tap.events()) == {key(n) for n in range(7 * BLOCKS_PER_BATCH)}
+    assert len(tap.records) == 7 * BLOCKS_PER_BATCH  # nothing twice
     assert 3 in pub.replay_requests
     assert engine.tracker.lost == 0 and engine.counts.replayed >= 1
 
@@ -252,7 +261,10 @@ async def test_a_killed_bridge_restarts_losing_nothing_and_doubling_nothing(
                 resumed = second.engines[0]
             want = total * BLOCKS_PER_BATCH
             await until(lambda: heat.engine.events_applied >= want, timeout_s=30, step_s=0.02)
-            await asyncio.sleep(0)  # (a redelivered duplicate would be applied by now: it was sent first)
+            # Drained: heat has taken every record on the topic, re-sent copies included, before the
+            # count is read (the tap reads the same topic to its end).
+            await until(lambda: len(tap.records) >= want, timeout_s=30, step_s=0.02)
+            await until(lambda: _seen(heat) >= len(tap.records), timeout_s=30, step_s=0.02)
             applied = heat.engine.events_applied
 
     ids = [e.event_id for e in tap.events()]

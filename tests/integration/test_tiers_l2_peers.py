@@ -13,7 +13,6 @@ Postgres, each serving its L2 pool on its own block port; node B is given A's as
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 
 import asyncpg
@@ -95,16 +94,13 @@ async def test_node_b_reads_node_a_l2_and_survives_a_going_away(
 
             # --- A goes away -------------------------------------------------------------------
             await a_stack.aclose()
-            started = time.perf_counter()
+            # A dead peer costs one failed exchange, then it is skipped (how long that takes: bench/).
             from_l3 = await cb.get(keys["in-l3"])
-            elapsed = time.perf_counter() - started
             assert (from_l3.hit, from_l3.tier, from_l3.remote) == (True, "l3", False)
-            assert elapsed < 1.0, f"a dead peer cost {elapsed:.3f} s"
             assert by_peer_now(b)[a_blocks]["errors"] == 1
-            started = time.perf_counter()
             assert not (await cb.get(keys["after"])).hit
-            assert time.perf_counter() - started < 1.0
             assert by_peer_now(b)[a_blocks]["skipped"] >= 1  # backing off: not even asked
+            assert by_peer_now(b)[a_blocks]["errors"] == 1
             assert (await cb.get(keys["only-a"])).tier == "l2"  # what B promoted stays served
             health = await b.health()
             assert health["healthy"] and health["l2_blocks"]["peers"] == [a_blocks, "127.0.0.1:1"]

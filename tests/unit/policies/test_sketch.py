@@ -1,10 +1,23 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from policies.admission.sketch import FrequencySketch, stable_hash
 
 
 def test_stable_hash_is_process_independent_for_strings() -> None:
-    assert stable_hash("prompt:abc") == stable_hash("prompt:abc")
+    # Other interpreters, each with its own PYTHONHASHSEED (Python's str hash differs between them).
+    code = "from policies.admission.sketch import stable_hash; print(stable_hash('prompt:abc'))"
+    root = str(Path(__file__).resolve().parents[3])
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": root}
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        assert int(out.stdout) == stable_hash("prompt:abc")
     assert stable_hash("a") != stable_hash("b")
     assert stable_hash(7, seed=1) != stable_hash(7, seed=2)
 
