@@ -81,10 +81,10 @@ async def _serve(prefix: str, keys: int, loop_name: str, drop_access: bool) -> N
 async def _asgi_cpu_us(n: int = 5_000) -> tuple[float, float]:
     """Process CPU per exact lookup, and per key of a batch of 1,000, through the ASGI app alone (no
     sockets, no Kafka): the API's own cost over an L1 hit."""
+    from services.runtime.breaker import LatencyBreaker
     from services.tiers.edge.api import create_app
     from services.tiers.entry import EntryMeta, encode_text
     from services.tiers.l1.cache import L1Cache
-    from services.tiers.l3.breaker import LatencyBreaker
     from services.tiers.node.outbox import Outbox
     from services.tiers.node.tiered import TieredCache
     from services.tiers.settings import TiersSettings

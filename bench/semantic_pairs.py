@@ -39,10 +39,10 @@ from rich.progress import Progress
 from rich.table import Table
 
 from matching import guards
+from services.runtime.breaker import LatencyBreaker
 from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder
 from services.tiers.l1.cache import L1Cache, monotonic_ms
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import TieredCache

@@ -52,6 +52,7 @@ from infra.paths import cache_dir, free_port, shared_data_dir
 from infra.postgres import EmbeddedPostgres
 from infra.process import ServerProcess
 from infra.topics import ensure_topics
+from services.runtime.breaker import LatencyBreaker
 from services.runtime.postgres import Database, apply_migrations
 from services.runtime.settings import PostgresSettings
 from services.tiers.edge.client import AsyncTiersClient, LookupRequest
@@ -59,7 +60,6 @@ from services.tiers.entry import EntryMeta, decode_value, encode_text
 from services.tiers.l1.cache import L1Cache, monotonic_ms
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.l3.store import PostgresL3Store
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import Query, TieredCache

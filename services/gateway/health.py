@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from services.gateway.breaker import BreakerState
+from services.runtime.breaker import BreakerState
 
 Status = Literal["healthy", "degraded"]
 

@@ -14,7 +14,6 @@ import httpx
 
 from schemas.events import Event, KvBlockStored, WarmupRequested
 from services.gateway.api import create_app
-from services.gateway.breaker import BreakerStats, FailureBreaker
 from services.gateway.engines import Engine, Engines, PromptTokens
 from services.gateway.health import Peer, Reach, verdict
 from services.gateway.proxy import Proxy
@@ -23,6 +22,7 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.tier_cache import TierCache
 from services.gateway.upstream import Upstream
 from services.gateway.warming import Warm
+from services.runtime.breaker import FailureBreaker, FailureStats
 from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventPublisher
 from services.runtime.service import Loop, Service
@@ -47,7 +47,7 @@ def monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
-def _breaker_dict(stats: BreakerStats) -> dict[str, Any]:
+def _breaker_dict(stats: FailureStats) -> dict[str, Any]:
     return {
         "state": stats.state,
         "opened": stats.opened,

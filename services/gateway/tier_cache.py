@@ -16,7 +16,7 @@ import httpx
 from prometheus_client import Histogram
 
 from services.gateway.answers import decode_answer, encode_answer
-from services.gateway.breaker import FailureBreaker
+from services.runtime.breaker import FailureBreaker
 from services.runtime.metrics import child
 
 log = logging.getLogger(__name__)

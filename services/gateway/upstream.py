@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import httpx
 
-from services.gateway.breaker import FailureBreaker
+from services.runtime.breaker import FailureBreaker
 
 # Request headers passed on to the upstream besides the body's type and the credentials.
 _PASSED = ("x-request-id", "traceparent", "tracestate", "openai-organization", "openai-project")

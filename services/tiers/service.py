@@ -30,6 +30,7 @@ from schemas.events import (
     now_ms,
 )
 from schemas.topics import qualified
+from services.runtime.breaker import LatencyBreaker
 from services.runtime.http import InLoopServer, serve_in_loop
 from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
 from services.runtime.service import Loop, Service
@@ -43,7 +44,6 @@ from services.tiers.l2.net.peers import L2Peers
 from services.tiers.l2.net.rdma import PyverbsExporter, rdma_available
 from services.tiers.l2.net.transport import TcpBlockServer
 from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.l3.store import PostgresL3Store
 from services.tiers.metrics import TIERS
 from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange

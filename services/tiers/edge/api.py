@@ -73,7 +73,7 @@ def _problem(code: int, message: str) -> HTTPException:
 
 def _unavailable(cache: TieredCache, exc: L3Unavailable) -> HTTPException:
     """503 with Retry-After: when L3's breaker may let the write through again (at least 1 s)."""
-    retry_s = max(1, math.ceil(cache.breaker.retry_in_ms() / 1000))
+    retry_s = max(1, math.ceil(cache.breaker.retry_after_ms() / 1000))
     return HTTPException(status_code=503, detail=str(exc), headers={"Retry-After": str(retry_s)})
 
 
@@ -617,8 +617,8 @@ def _encode_value(body: PutBody, max_bytes: int) -> bytes:
 
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI document, built from an app over empty tiers (no servers needed)."""
+    from services.runtime.breaker import LatencyBreaker
     from services.tiers.l1.cache import L1Cache
-    from services.tiers.l3.breaker import LatencyBreaker
     from services.tiers.node.outbox import Outbox
 
     settings = TiersSettings(api_token=None)

@@ -18,11 +18,11 @@ import numpy.typing as npt
 from matching.decision import MatchResult, Verdict
 from policies.base import AccessMeta
 from schemas.events import Tier, now_ms
+from services.runtime.breaker import LatencyBreaker
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.blocks import Located
 from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.causal import CausalClock
 from services.tiers.node.counters import Counters
 from services.tiers.node.degrade import HitRateGuard

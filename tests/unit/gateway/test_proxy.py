@@ -16,7 +16,6 @@ import pytest
 from schemas.events import ConversationEnded, ConversationStarted, Event
 from services.gateway.answers import decode_answer, encode_answer
 from services.gateway.api import create_app
-from services.gateway.breaker import FailureBreaker
 from services.gateway.engines import Engine, Engines
 from services.gateway.proxy import Proxy
 from services.gateway.routing import Instance
@@ -24,6 +23,7 @@ from services.gateway.settings import GatewaySettings
 from services.gateway.sse import SseParser
 from services.gateway.tier_cache import TierCache
 from services.gateway.upstream import Upstream
+from services.runtime.breaker import FailureBreaker
 
 TOKEN = "t0k"
 ANSWER = {

@@ -11,13 +11,13 @@ import httpx
 
 from schemas.events import CacheAccessBatch, Event
 from services.gateway.api import create_app
-from services.gateway.breaker import FailureBreaker
 from services.gateway.engines import Engine, Engines
 from services.gateway.proxy import Proxy
 from services.gateway.routing import Instance
 from services.gateway.settings import GatewaySettings
 from services.gateway.tier_cache import TierCache
 from services.gateway.upstream import Upstream
+from services.runtime.breaker import FailureBreaker
 
 ANSWER = {
     "id": "x",

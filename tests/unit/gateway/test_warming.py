@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 
-from services.gateway.breaker import FailureBreaker
 from services.gateway.engines import Engine, Engines, _pool_blocks
 from services.gateway.routing import Instance
 from services.gateway.upstream import Upstream
 from services.gateway.warming import EngineWarmer, Gaps, Turnover
+from services.runtime.breaker import FailureBreaker
 
 IDS = list(range(100, 170))  # 70 tokens: 2 full blocks of 32 and 6 more
 KEYS = ["kv:a", "kv:b"]

@@ -13,6 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from policies.recency.lru import LRU
+from services.runtime.breaker import LatencyBreaker
 from services.tiers import codec
 from services.tiers.edge.api import create_app
 from services.tiers.edge.client import AsyncTiersClient, LookupRequest, TiersError, parse_lookup
@@ -20,7 +21,6 @@ from services.tiers.edge.embedder import Embedder
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import TieredCache

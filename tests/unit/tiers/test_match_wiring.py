@@ -12,11 +12,11 @@ import pytest
 
 from policies.recency.lru import LRU
 from schemas.events import CacheInvalidated, HeatScored, new_event_id
+from services.runtime.breaker import LatencyBreaker
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import Query, TieredCache

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from policies.recency.lru import LRU
+from services.runtime.breaker import LatencyBreaker
 from services.tiers.edge.api import create_app
 from services.tiers.edge.blockframe import FetchedBlock, FrameError, encode_blocks, parse_blocks
 from services.tiers.edge.client import AsyncTiersClient, TiersError
 from services.tiers.entry import EntryMeta, encode_array
 from services.tiers.l1.cache import L1Cache
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings

@@ -11,9 +11,9 @@ import pytest
 
 from policies.recency.lru import LRU
 from schemas.events import HeatScored
+from services.runtime.breaker import LatencyBreaker
 from services.tiers.entry import Entry, EntryMeta, encode_text
 from services.tiers.l1.cache import L1Cache
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.plan import PLAN, Offer
 from services.tiers.node.refine import Refiner, rescore, unsettled

@@ -21,11 +21,11 @@ from schemas.events import (
     WarmupRequested,
     new_event_id,
 )
+from services.runtime.breaker import LatencyBreaker
 from services.tiers.entry import Entry, EntryMeta, decode_value, encode_text
 from services.tiers.l1.cache import L1Cache
 from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.store import L2Store
-from services.tiers.l3.breaker import LatencyBreaker
 from services.tiers.node.outbox import Outbox
 from services.tiers.node.plan import Lookup, Pending
 from services.tiers.node.tiered import L3Unavailable, Query, TieredCache

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.breaker import FailureBreaker
+from services.runtime.breaker import FailureBreaker
 
 
 class Clock:

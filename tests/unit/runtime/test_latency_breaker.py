@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.tiers.l3.breaker import LatencyBreaker
+from services.runtime.breaker import LatencyBreaker
 from tests.unit.tiers.fakes import Clock
 
 
