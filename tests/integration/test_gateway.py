@@ -470,7 +470,6 @@ async def test_hedging_a_silent_cache_costs_a_miss_only_the_hedge(gateway_mesh) 
             headers, answer = await mesh.chat(RESET)
             # hedged: the upstream was asked after 5 ms, not after the 20 s lookup timeout
             assert (headers["x-cachemesh-cache"], headers["x-cachemesh-lookup"]) == ("miss", "hedged")
-            assert float(headers["x-cachemesh-lookup-ms"]) < 20_000
             assert answer.choices[0].message.content == answer_for(RESET)
     finally:
         silent.close()
