@@ -32,7 +32,7 @@ from schemas.topics import qualified
 from schemas.wire import decode
 from services.heat.service import HeatService
 from services.heat.settings import HeatSettings
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings, PostgresSettings
 
 RESULTS = Path(__file__).parent / "results"

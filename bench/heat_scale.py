@@ -37,7 +37,7 @@ from infra.brokers import broker_from_env
 from infra.postgres import postgres_from_env
 from infra.topics import ensure_topics
 from schemas.events import CacheAccessed, access_batch
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings
 
 REPO = Path(__file__).resolve().parent.parent

@@ -33,7 +33,7 @@ from infra.topics import ensure_topics
 from schemas.events import DriftClustered, WarmupApplied, WarmupDecided, WindowComputed
 from schemas.topics import qualified
 from schemas.wire import decode
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings, PostgresSettings
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService

@@ -335,7 +335,7 @@ async def drive_kv(
     on: Progress,
     store: BlockStore | None = None,
 ) -> None:
-    from services.runtime.kafka import EventPublisher
+    from services.runtime.publisher import EventPublisher
     from services.runtime.settings import KafkaSettings
 
     publisher = EventPublisher(

@@ -325,7 +325,7 @@ async def produce(
     as fast as possible when neither is set. With `batch` > 1, accesses go out as `CacheAccessBatch`
     records of up to `batch` events of one partition each (what tiers sends), flushed before any
     other event and whenever the pace waits. Returns the seconds it took."""
-    from services.runtime.kafka import EventPublisher
+    from services.runtime.publisher import EventPublisher
     from services.runtime.settings import KafkaSettings
 
     publisher = EventPublisher(KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace, linger_ms=5))

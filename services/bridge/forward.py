@@ -28,7 +28,7 @@ from services.bridge.translate import ChainIndex, Engine, to_kv_events, waves
 from services.bridge.wire import AllBlocksCleared, Batch, WireError, decode_batch, split_frames
 from services.bridge.zmq_source import ReplayUnavailable, ZmqSource
 from services.runtime.consume import backoff_s
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 
 log = logging.getLogger(__name__)
 

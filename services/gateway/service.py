@@ -24,7 +24,8 @@ from services.gateway.upstream import Upstream
 from services.gateway.warming import Warm
 from services.runtime.breaker import FailureBreaker, FailureStats
 from services.runtime.http import InLoopServer, serve_in_loop
-from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.kafka import Delivery
+from services.runtime.publisher import EventPublisher
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)

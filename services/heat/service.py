@@ -25,8 +25,9 @@ from schemas.topics import qualified
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine, Origin
 from services.heat.settings import HeatSettings
-from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer
 from services.runtime.model_store import PostgresModelStore
+from services.runtime.publisher import EventPublisher
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)

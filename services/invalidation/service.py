@@ -16,8 +16,9 @@ from services.invalidation.cascade import Trigger, eviction_commands, records, t
 from services.invalidation.settings import InvalidationSettings
 from services.invalidation.store import PostgresDependencyIndex
 from services.invalidation.walk import Cascade, DependencyWalk
-from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.kafka import Delivery
 from services.runtime.postgres import Database, count_processed, prune_inbox
+from services.runtime.publisher import EventPublisher
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)

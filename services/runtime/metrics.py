@@ -10,7 +10,7 @@ import json
 import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Generic, TypeVar, overload
+from typing import Generic, Protocol, TypeVar, overload
 
 from aiohttp import web
 from prometheus_client import (
@@ -23,9 +23,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-if TYPE_CHECKING:
-    from services.runtime.kafka import EventConsumer
 
 EVENTS_PUBLISHED = Counter("cachemesh_events_published_total", "Events acknowledged by the broker", ["topic"])
 PUBLISH_FAILURES = Counter("cachemesh_publish_failures_total", "Events the broker did not take", ["topic"])
@@ -163,15 +160,23 @@ HANDLER_SECONDS = FastHistogram(
 DB_RETRIES = Counter("cachemesh_db_retries_total", "Database calls retried after a lost connection")
 
 
+class Lagging(Protocol):
+    """What the lag collector reads of a consumer (`kafka.EventConsumer`)."""
+
+    group_id: str
+
+    def lag(self) -> dict[str, int]: ...
+
+
 class ConsumerLag(Collector):
     """`cachemesh_consumer_lag`: records in the broker a group has not applied yet (the log end as of
     the last fetch minus the next offset to apply), summed per topic: every consuming service's queue
     depth, read from the consumers when scraped."""
 
     def __init__(self) -> None:
-        self._consumers: weakref.WeakSet[EventConsumer] = weakref.WeakSet()
+        self._consumers: weakref.WeakSet[Lagging] = weakref.WeakSet()
 
-    def add(self, consumer: EventConsumer) -> None:
+    def add(self, consumer: Lagging) -> None:
         self._consumers.add(consumer)
 
     def describe(self) -> Iterable[Metric]:
@@ -180,15 +185,9 @@ class ConsumerLag(Collector):
     def collect(self) -> Iterable[Metric]:
         lag: dict[tuple[str, str], int] = {}
         for consumer in list(self._consumers):
-            kafka = consumer._consumer
-            if kafka is None:
-                continue
-            for tp in kafka.assignment():
-                end, applied = kafka.highwater(tp), consumer.applied.get(tp)
-                if end is None or applied is None:
-                    continue
-                key = (tp.topic, consumer.group_id)
-                lag[key] = lag.get(key, 0) + max(0, end - applied)
+            for topic, behind in consumer.lag().items():
+                key = (topic, consumer.group_id)
+                lag[key] = lag.get(key, 0) + behind
         family = self._family()
         for (topic, group), value in sorted(lag.items()):
             family.add_metric([topic, group], value)

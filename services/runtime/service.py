@@ -15,10 +15,11 @@ from typing import Any, ClassVar, Self
 
 from aiohttp import web
 
-from services.runtime.kafka import EventConsumer, EventPublisher, Handler
+from services.runtime.kafka import EventConsumer, Handler
 from services.runtime.logs import configure_logging
 from services.runtime.metrics import MetricsServer
 from services.runtime.postgres import Database, apply_migrations
+from services.runtime.publisher import EventPublisher
 from services.runtime.settings import ServiceSettings
 from services.runtime.tracing import configure_tracing
 

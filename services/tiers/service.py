@@ -32,7 +32,8 @@ from schemas.events import (
 from schemas.topics import qualified
 from services.runtime.breaker import LatencyBreaker
 from services.runtime.http import InLoopServer, serve_in_loop
-from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer
+from services.runtime.publisher import EventPublisher
 from services.runtime.service import Loop, Service
 from services.tiers.edge.api import create_app
 from services.tiers.edge.embedder import Embedder

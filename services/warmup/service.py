@@ -29,9 +29,10 @@ from schemas.events import (
     WindowComputed,
     access_events,
 )
-from services.runtime.kafka import Delivery, EventPublisher
+from services.runtime.kafka import Delivery
 from services.runtime.model_store import PostgresModelStore
 from services.runtime.postgres import Database
+from services.runtime.publisher import EventPublisher
 from services.runtime.service import Loop, Service
 from services.warmup.heads import HeadHeat
 from services.warmup.planner import WarmupPlanner

@@ -27,7 +27,7 @@ from services.dashboard.service import DashboardService
 from services.dashboard.settings import DashboardSettings
 from services.heat.service import HeatService
 from services.heat.settings import HeatSettings
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.tiers.edge.client import AsyncTiersClient
 from tests.integration.conftest import kafka_settings_for
 from tests.integration.nodes import running, serving, until

@@ -12,7 +12,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from schemas.events import WindowComputed
 from services.dashboard.service import DashboardService
 from services.dashboard.settings import DashboardSettings
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from tests.integration.conftest import kafka_settings_for
 from tests.integration.nodes import serving, until
 

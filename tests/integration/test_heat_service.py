@@ -17,9 +17,9 @@ from schemas.topics import qualified
 from schemas.wire import decode
 from services.heat.service import HeatService
 from services.heat.settings import HeatSettings
-from services.runtime.kafka import EventPublisher
 from services.runtime.model_store import PostgresModelStore
 from services.runtime.postgres import Database
+from services.runtime.publisher import EventPublisher
 from tests.integration.conftest import kafka_settings_for
 
 pytestmark = pytest.mark.integration

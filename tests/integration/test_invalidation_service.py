@@ -20,8 +20,8 @@ from schemas.wire import decode
 from services.invalidation.producer import SourceChangePublisher
 from services.invalidation.service import InvalidationService
 from services.invalidation.settings import InvalidationSettings
-from services.runtime.kafka import EventPublisher
 from services.runtime.postgres import Database
+from services.runtime.publisher import EventPublisher
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService
 from tests.integration.conftest import kafka_settings_for

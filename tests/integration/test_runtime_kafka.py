@@ -13,7 +13,8 @@ from opentelemetry import trace
 from schemas.events import CacheAccessed, ConversationEnded
 from schemas.topics import dlq_name, qualified
 from schemas.wire import DLQ_KIND, DLQ_REASON, DLQ_SOURCE_OFFSET, encode
-from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer
+from services.runtime.publisher import EventPublisher
 from services.runtime.tracing import configure_tracing
 from tests.integration.conftest import kafka_settings_for
 

@@ -12,7 +12,8 @@ from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.events import CacheAccessed
-from services.runtime.kafka import Delivery, EventConsumer, EventPublisher
+from services.runtime.kafka import Delivery, EventConsumer
+from services.runtime.publisher import EventPublisher
 from tests.integration.conftest import kafka_settings_for
 
 pytestmark = pytest.mark.integration

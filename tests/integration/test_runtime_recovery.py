@@ -16,7 +16,7 @@ import pytest
 
 from schemas.events import CacheAccessed
 from schemas.topics import dlq_name, qualified
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.runtime.settings import PostgresSettings
 from tests.integration.apps.ledger import LedgerService, LedgerSettings
 from tests.integration.conftest import kafka_settings_for

@@ -33,7 +33,7 @@ from schemas.events import (
 )
 from schemas.topics import qualified
 from schemas.wire import decode
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.tiers.edge.client import AsyncTiersClient, TiersError
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService

@@ -26,7 +26,7 @@ from schemas.events import (
 )
 from schemas.topics import qualified
 from schemas.wire import decode
-from services.runtime.kafka import EventPublisher
+from services.runtime.publisher import EventPublisher
 from services.tiers.entry import EntryMeta, encode_text
 from services.warmup.service import WarmupService
 from services.warmup.settings import WarmupSettings

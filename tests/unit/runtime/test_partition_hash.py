@@ -8,13 +8,13 @@ import random
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from services.runtime import kafka
-from services.runtime.kafka import EventPublisher
+from services.runtime import publisher as publisher_module
+from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings
 
 
 def test_the_remembered_hash_places_a_key_where_the_default_partitioner_does(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(kafka, "_KEY_HASHES_MAX", 50)
+    monkeypatch.setattr(publisher_module, "_KEY_HASHES_MAX", 50)
     publisher = EventPublisher(KafkaSettings(bootstrap="127.0.0.1:1"))
     default = DefaultPartitioner()
     rng = random.Random(7)
