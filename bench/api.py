@@ -38,8 +38,8 @@ TARGETS = {"open p99 ms": 5.0, "max lookups/s": 5_000.0, "batch keys/s": 41_700.
 
 
 async def _serve(prefix: str, keys: int, loop_name: str, drop_access: bool) -> None:
-    from infra.topics import ensure_topics
     from services.runtime.service import configure_gc
+    from services.runtime.topics import ensure_topics
     from services.tiers.entry import EntryMeta, encode_text
     from services.tiers.service import TiersService
     from services.tiers.settings import TiersSettings

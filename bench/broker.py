@@ -27,12 +27,12 @@ from rich.progress import Progress
 from rich.table import Table
 
 from infra.brokers import ApacheKafkaBroker, Broker, ExternalBroker, TansuBroker
-from infra.topics import ensure_topics
 from schemas.events import CacheAccessed
 from schemas.wire import encode
 from services.runtime.kafka import Delivery, EventConsumer
 from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings
+from services.runtime.topics import ensure_topics
 from services.runtime.tracing import configure_tracing
 
 RESULTS = Path(__file__).parent / "results"

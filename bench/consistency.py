@@ -37,10 +37,10 @@ from rich.table import Table
 from infra.brokers import ApacheKafkaBroker, Broker, broker_from_env
 from infra.postgres import Postgres, postgres_from_env
 from infra.tcp_proxy import TcpProxy
-from infra.topics import ensure_topics
 from services.invalidation.service import InvalidationService
 from services.invalidation.settings import InvalidationSettings
 from services.runtime.settings import KafkaSettings, PostgresSettings
+from services.runtime.topics import ensure_topics
 from services.tiers.edge.client import AsyncTiersClient, TiersError
 from services.tiers.service import TiersService
 from services.tiers.settings import TiersSettings

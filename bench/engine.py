@@ -56,12 +56,12 @@ from infra.brokers import broker_from_env
 from infra.paths import free_port
 from infra.postgres import postgres_from_env
 from infra.process import ServerProcess
-from infra.topics import ensure_topics
 from infra.vllm_env import SMALL
 from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
 from schemas.events import EvictionRequested
 from schemas.topics import qualified
 from schemas.wire import encode
+from services.runtime.topics import ensure_topics
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent

@@ -60,10 +60,10 @@ from infra.brokers import broker_from_env
 from infra.paths import free_port, shared_data_dir
 from infra.postgres import postgres_from_env
 from infra.process import ServerProcess
-from infra.topics import ensure_topics
 from infra.vllm_env import SMALL
 from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
 from services.gateway.warming import Gaps
+from services.runtime.topics import ensure_topics
 from services.warmup.ftl import FtlFit, KvShape, kv_miss_rate, seed_miss_rate
 
 RESULTS = Path(__file__).parent / "results"

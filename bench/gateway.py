@@ -36,7 +36,7 @@ from infra.brokers import broker_from_env
 from infra.paths import free_port
 from infra.postgres import postgres_from_env
 from infra.process import ServerProcess
-from infra.topics import ensure_topics
+from services.runtime.topics import ensure_topics
 
 RESULTS = Path(__file__).parent / "results"
 REPO = Path(__file__).resolve().parent.parent

@@ -26,7 +26,6 @@ from rich.table import Table
 
 from infra.brokers import Broker, broker_from_env
 from infra.postgres import postgres_from_env
-from infra.topics import ensure_topics
 from schemas.events import CacheAccessed, HeatScored
 from schemas.topics import qualified
 from schemas.wire import decode
@@ -34,6 +33,7 @@ from services.heat.service import HeatService
 from services.heat.settings import HeatSettings
 from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings, PostgresSettings
+from services.runtime.topics import ensure_topics
 
 RESULTS = Path(__file__).parent / "results"
 # What the heat service used to promise in an integration test (seed §1.2 re-scores every 100 ms).

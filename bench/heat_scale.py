@@ -35,10 +35,10 @@ from rich.table import Table
 
 from infra.brokers import broker_from_env
 from infra.postgres import postgres_from_env
-from infra.topics import ensure_topics
 from schemas.events import CacheAccessed, access_batch
 from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings
+from services.runtime.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
 PER_RECORD = 64

@@ -43,9 +43,9 @@ from rich.table import Table
 
 from infra.brokers import broker_from_env
 from infra.postgres import postgres_from_env
-from infra.topics import ensure_topics
 from schemas.events import CacheInvalidated
 from services.runtime.settings import KafkaSettings, PostgresSettings
+from services.runtime.topics import ensure_topics
 from services.tiers.entry import Entry, EntryMeta, encode_text
 from services.tiers.service import TiersService
 from services.tiers.settings import TiersSettings

@@ -48,7 +48,7 @@ from infra.brokers import broker_from_env
 from infra.paths import free_port
 from infra.postgres import postgres_from_env
 from infra.process import ServerProcess
-from infra.topics import ensure_topics
+from services.runtime.topics import ensure_topics
 from services.tiers.edge.embedder import Embedder
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,9 +35,9 @@ from rich.progress import track
 from rich.table import Table
 
 from infra.brokers import broker_from_env
+from infra.generator import ReplayConfig, mooncake_events
 from schemas.events import CacheAccessed
 from schemas.wire import encode
-from streams.generator import ReplayConfig, mooncake_events
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"

@@ -39,13 +39,13 @@ from rich.console import Console
 from rich.table import Table
 
 from infra.brokers import ApacheKafkaBroker, Broker, broker_from_env
+from infra.generator import ReplayConfig, mooncake_events
 from infra.paths import free_port
 from infra.process import ServerProcess
-from infra.topics import ensure_topics
 from schemas.events import CacheAccessed, WindowComputed
 from schemas.topics import qualified
 from schemas.wire import decode, encode
-from streams.generator import ReplayConfig, mooncake_events
+from services.runtime.topics import ensure_topics
 from streams.offline import compare_windows, offline_windows
 from streams.settings import StreamsSettings
 from streams.windows import HOPPING_10S

@@ -51,10 +51,10 @@ from infra.brokers import TansuBroker
 from infra.paths import cache_dir, free_port, shared_data_dir
 from infra.postgres import EmbeddedPostgres
 from infra.process import ServerProcess
-from infra.topics import ensure_topics
 from services.runtime.breaker import LatencyBreaker
 from services.runtime.postgres import Database, apply_migrations
 from services.runtime.settings import PostgresSettings
+from services.runtime.topics import ensure_topics
 from services.tiers.edge.client import AsyncTiersClient, LookupRequest
 from services.tiers.entry import EntryMeta, decode_value, encode_text
 from services.tiers.l1.cache import L1Cache, monotonic_ms

@@ -29,12 +29,12 @@ from rich.table import Table
 
 from infra.brokers import broker_from_env
 from infra.postgres import postgres_from_env
-from infra.topics import ensure_topics
 from schemas.events import DriftClustered, WarmupApplied, WarmupDecided, WindowComputed
 from schemas.topics import qualified
 from schemas.wire import decode
 from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings, PostgresSettings
+from services.runtime.topics import ensure_topics
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.service import TiersService
 from services.tiers.settings import TiersSettings

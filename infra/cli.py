@@ -242,7 +242,7 @@ def topics(
     replication_factor: Annotated[int, typer.Option(help="Replicas per partition")] = 1,
 ) -> None:
     """Create the catalogue's topics on a cluster (idempotent)."""
-    from infra.topics import ensure_topics
+    from services.runtime.topics import ensure_topics
 
     created = asyncio.run(ensure_topics(bootstrap, namespace, replication_factor=replication_factor))
     print(json.dumps({"created": created}))

@@ -200,7 +200,7 @@ def kv_events(plan: DemoPlan, now_ms: int, node_id: str | None = None) -> list[E
     commands to nodes that do not exist), each KV block under a content key (`kv:`, what the node's
     block API takes), each request in its conversation (the generator gives every request a trace of
     its own, so no conversation ever had a next turn to warm for)."""
-    from streams.generator import MooncakeReplay, ReplayConfig, read_mooncake
+    from infra.generator import MooncakeReplay, ReplayConfig, read_mooncake
 
     requests = read_mooncake(until_ms=round(plan.trace_s * 1000))
     turns = Counter(r.hash_ids[0] for r in requests if r.hash_ids)

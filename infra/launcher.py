@@ -34,9 +34,9 @@ from infra.paths import cache_dir, free_port, port_is_free
 from infra.postgres import Postgres, postgres_from_env
 from infra.process import ServerProcess
 from infra.service_log import json_lines_for
-from infra.topics import ensure_topics
 from services.runtime.postgres import Database, apply_migrations, redact_dsn
 from services.runtime.settings import PostgresSettings
+from services.runtime.topics import ensure_topics
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from aiohttp import web
 from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import REGISTRY, Counter
 
-from infra.topics import ensure_topics
 from schemas.topics import BY_NAME
 from services.runtime.service import Loop, Service
+from services.runtime.topics import ensure_topics
 from streams import faust_adapter
 from streams import web as pages
 from streams.app import StreamsApp

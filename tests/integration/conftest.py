@@ -13,9 +13,9 @@ from pydantic import SecretStr
 
 from infra.brokers import ApacheKafkaBroker, Broker, TansuBroker, broker_from_env
 from infra.postgres import EmbeddedPostgres, postgres_from_env
-from infra.topics import ensure_topics
 from infra.vllm_env import unsupported_reason
 from services.runtime.settings import KafkaSettings, PostgresSettings
+from services.runtime.topics import ensure_topics
 from services.tiers.settings import TiersSettings
 
 pytestmark = pytest.mark.integration

@@ -21,6 +21,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from infra.brokers import Broker
+from infra.generator import (
+    DEFAULT_BASE_MS,
+    merge_by_time,
+    migration_events,
+    mooncake_events,
+    produce,
+    pulse_events,
+)
 from infra.paths import free_port
 from infra.process import ServerProcess
 from schemas.events import (
@@ -33,14 +41,6 @@ from schemas.events import (
 )
 from schemas.topics import qualified
 from schemas.wire import decode
-from streams.generator import (
-    DEFAULT_BASE_MS,
-    merge_by_time,
-    migration_events,
-    mooncake_events,
-    produce,
-    pulse_events,
-)
 from streams.offline import compare_windows, offline_drift, offline_windows
 
 pytestmark = [

@@ -21,9 +21,9 @@ import pytest
 from cachemesh_client.kvkeys import block_keys
 
 from infra.paths import LOOPBACK, free_port
-from infra.topics import ensure_topics
 from infra.vllm_env import TINY_REVISED
 from infra.vllm_server import BLOCK_SIZE, VllmServer, connector_config
+from services.runtime.topics import ensure_topics
 from services.tiers import codec
 from services.tiers.service import TiersService
 from services.tiers.settings import TiersSettings

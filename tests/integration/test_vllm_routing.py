@@ -19,7 +19,6 @@ import httpx
 import openai
 import pytest
 
-from infra.topics import ensure_topics
 from infra.vllm_server import BLOCK_SIZE, VllmServer
 from schemas.events import KvBlockStored
 from services.bridge.service import BridgeService
@@ -28,6 +27,7 @@ from services.dashboard.service import DashboardService
 from services.dashboard.settings import DashboardSettings
 from services.gateway.service import GatewayService
 from services.gateway.settings import GatewaySettings, UpstreamConfig
+from services.runtime.topics import ensure_topics
 from services.warmup.service import WarmupService
 from services.warmup.settings import WarmupSettings
 from tests.integration.conftest import kafka_settings_for

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer
 
+from infra.generator import DEFAULT_SERVICES
 from schemas.events import (
     CacheAccessed,
     Event,
@@ -25,7 +26,6 @@ from services.runtime.publisher import EventPublisher
 from services.tiers.entry import EntryMeta, encode_text
 from services.warmup.service import WarmupService
 from services.warmup.settings import WarmupSettings
-from streams.generator import DEFAULT_SERVICES
 from tests.integration.conftest import kafka_settings_for
 from tests.integration.nodes import running, until
 from tests.integration.test_streams import Worker

@@ -9,6 +9,7 @@ import random
 import numpy as np
 import pytest
 
+from infra.generator import merge_by_time, migration_events, pulse_events
 from schemas.events import CacheAccessed
 from streams.drift import (
     DriftParams,
@@ -20,7 +21,6 @@ from streams.drift import (
     features,
     label,
 )
-from streams.generator import merge_by_time, migration_events, pulse_events
 from streams.offline import offline_drift
 
 T0 = 1_767_225_600_000

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from infra.generator import DEFAULT_BASE_MS, merge_by_time, migration_events, pulse_events
 from schemas.events import CacheAccessed, DriftClustered, Event, WindowComputed
-from streams.generator import DEFAULT_BASE_MS, merge_by_time, migration_events, pulse_events
 from streams.ingest import Ingest
 from streams.merge import Merge
 from streams.offline import offline_drift, offline_windows

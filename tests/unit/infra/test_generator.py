@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.events import CacheAccessed, KvBlockStored
-from streams.generator import (
+from infra.generator import (
     MooncakeReplay,
     MooncakeRequest,
     ReplayConfig,
@@ -12,6 +11,7 @@ from streams.generator import (
     mooncake_events,
     pulse_events,
 )
+from schemas.events import CacheAccessed, KvBlockStored
 
 
 def _blocks(events: list[object]) -> list[tuple[str, bool]]:

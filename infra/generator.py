@@ -370,7 +370,7 @@ async def produce(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m streams.generator", description="Replay the Mooncake trace as cache events."
+        prog="python -m infra.generator", description="Replay the Mooncake trace as cache events."
     )
     parser.add_argument("--trace", type=Path, default=None, help="default: the shared Mooncake trace")
     parser.add_argument(
