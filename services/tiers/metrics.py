@@ -21,7 +21,7 @@ LOOKUP_BUCKETS_MS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.
 # The breaker opens at a p99 of 150 ms (seed §4.4): buckets either side of it.
 L3_BUCKETS_MS = (0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0)
 
-# Lifetime counters of `Counters` (node/reads.py) exposed as they are: (series, attribute, help).
+# Lifetime counters of `Counters` (node/counters.py) exposed as they are: (series, attribute, help).
 _COUNTERS = (
     ("cachemesh_tiers_lookups", "lookups", "Lookups answered by the node (hit or miss)"),
     ("cachemesh_tiers_degraded_lookups", "degraded_lookups", "Lookups served without L3 (breaker open)"),

@@ -1,4 +1,4 @@
-"""What one node counts about its reads, writes and commands (`TierReads.counters`; /v1/stats reports
+"""What one node counts about its reads, writes and commands (`Placement.counters`; /v1/stats reports
 them)."""
 
 from __future__ import annotations

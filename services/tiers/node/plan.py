@@ -8,7 +8,7 @@ so the best acceptable candidate across tiers is served (services/tiers/node/mat
 The in-process steps come first and are all a local-only lookup (`get_local`) may use. A hit below L1
 is copied into the tiers above it (`promote`); a peer's hit is tier "l2" with `remote` set; a step
 behind the L3 breaker that is refused or fails marks the lookups it was asked for `degraded` (served
-from L1/L2 only). Executed by `TierReads` (reads.py).
+from L1/L2 only). Executed by `LookupExecutor` (executor.py).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ class Offer(NamedTuple):
 
 
 class Pending(NamedTuple):
-    """A lookup `TierReads.begin` could not settle in process: its walk, when it started, and whether
+    """A lookup `TieredCache.begin` could not settle in process: its walk, when it started, and whether
     the node heard invalidations then (the walk goes on as it began)."""
 
     walk: Walk

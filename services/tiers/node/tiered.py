@@ -1,5 +1,6 @@
-"""The tiered cache of one node (DESIGN.md §1-§3, seed §1.1, §1.3, §4.4): the read side (`TierReads`,
-reads.py, walking the lookup plan of plan.py) plus writes, L3 write-behind, events and stats.
+"""The tiered cache of one node (DESIGN.md §1-§3, seed §1.1, §1.3, §4.4), a facade over its parts:
+placement (`Placement`, placement.py), lookups (`LookupExecutor`, executor.py, walking the plan of
+plan.py; the matcher decides), writes, L3 write-behind, events and stats.
 
 - put (write-with-sync, seed §1.3): L3 first (the store of record), then L1 and L2; entries on this
   node at least `similarity_tolerance` similar go at once, unless the match guards say the two prompts
@@ -18,7 +19,9 @@ reads.py, walking the lookup plan of plan.py) plus writes, L3 write-behind, even
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -37,8 +40,9 @@ from schemas.events import (
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.vector_index import normalize
 from services.tiers.node.degrade import Mode, ModeChange
-from services.tiers.node.plan import Lookup, Query
-from services.tiers.node.reads import TierReads
+from services.tiers.node.executor import LookupExecutor
+from services.tiers.node.placement import Placement
+from services.tiers.node.plan import Lookup, Pending, Query
 from services.tiers.ports import L3Rejected
 
 __all__ = ["BlockPut", "L3Unavailable", "Lookup", "PutResult", "Query", "TieredCache"]
@@ -84,8 +88,60 @@ class PutResult:
     updated_at_ms: int
 
 
-class TieredCache(TierReads):
-    """One node's L1, L2 and L3 (and the peers' L2): lookups (`TierReads`), writes, events, stats."""
+class TieredCache(Placement):
+    """One node's L1, L2 and L3 (and the peers' L2): lookups (`LookupExecutor`), writes, events, stats."""
+
+    @functools.cached_property
+    def lookups(self) -> LookupExecutor:
+        return LookupExecutor(self)
+
+    # --- reads (the executor walks the plan) ----------------------------------------------------
+
+    def get_local(self, key: str, model: str | None = None) -> Lookup:
+        """The local-only plan (L1 then L2, by exact key), synchronously; records the access."""
+        return self.lookups.get_local(key, model)
+
+    def begin(
+        self,
+        key: str | None = None,
+        embedding: npt.ArrayLike | None = None,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        trace_id: str | None = None,
+        text: str | None = None,
+        screened: bool = False,
+    ) -> Lookup | Pending:
+        """`get`'s in-process part: the answer where this node's memory settles it, else the walk left
+        for `finish`."""
+        return self.lookups.begin(
+            key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text, screened=screened
+        )
+
+    async def finish(self, pending: Pending) -> Lookup:
+        """The rest of a lookup `begin` left open: the peers, L3, the decision."""
+        return await self.lookups.finish(pending)
+
+    async def get(
+        self,
+        key: str | None = None,
+        embedding: npt.ArrayLike | None = None,
+        *,
+        model: str | None = None,
+        tolerance: float | None = None,
+        trace_id: str | None = None,
+        text: str | None = None,
+        screened: bool = False,
+    ) -> Lookup:
+        """`text`: the request's text when `embedding` is its embedding (the guards need it);
+        `screened`: that embedding is the cheap model's (refine.py)."""
+        return await self.lookups.get(
+            key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text, screened=screened
+        )
+
+    async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
+        """Batched lookups along the same plan as `get`."""
+        return await self.lookups.get_many(queries)
 
     # --- writes ---------------------------------------------------------------------------------
 
@@ -184,7 +240,7 @@ class TieredCache(TierReads):
         block), so a slow L3 is not waited for."""
         key = entry.key
         if key not in self._pending and self.l3 is not None:
-            ran, _ = await self._l3_call(
+            ran, _ = await self.l3_call(
                 self.l3.put, entry, announce=announce, durable=not (self.write_behind or optional)
             )
             if ran:
@@ -221,9 +277,7 @@ class TieredCache(TierReads):
             existed = True
         event = CacheInvalidated(key=key, reason="delete", origin_node_id=self.node_id, occurred_at_ms=at)
         if self.l3 is not None:
-            ran, gone = await self._l3_call(
-                self.l3.delete, key, announce=event, durable=not self.write_behind
-            )
+            ran, gone = await self.l3_call(self.l3.delete, key, announce=event, durable=not self.write_behind)
             if ran:
                 existed = existed or bool(gone)
             elif not self.write_behind:
@@ -253,9 +307,9 @@ class TieredCache(TierReads):
             key, entry = next(iter(self._pending.items()))
             try:
                 if entry is None:
-                    ran, _ = await self._l3_call(self.l3.delete, key)
+                    ran, _ = await self.l3_call(self.l3.delete, key)
                 else:
-                    ran, _ = await self._l3_call(self.l3.put, entry)
+                    ran, _ = await self.l3_call(self.l3.put, entry)
             except L3Rejected as exc:
                 log.error("L3 refused a queued write; dropped", extra={"key": key, "error": str(exc)})
                 ran = True
@@ -368,14 +422,14 @@ class TieredCache(TierReads):
                 wanted.append(key)
         if wanted and self.peers is not None:
             # Promoted into L1 and L2 (a peer's copy is as good as L3's).
-            remote = await self._remote_entries([(k, None) for k in wanted])
+            remote = await self.remote_entries([(k, None) for k in wanted])
             for hit in remote.values():
                 self._admit(hit.entry)
             report.loaded += len(remote)
             report.from_peers += len(remote)
             wanted = [k for k in wanted if k not in remote]
         if wanted and self.l3 is not None:
-            _, rows = await self._l3_call(self.l3.get_many, wanted, self.wall_ms())
+            _, rows = await self.l3_call(self.l3.get_many, wanted, self.wall_ms())
             for entry in (rows or {}).values():
                 if self._admit(entry, to_l1=to_l1):
                     report.loaded += 1
