@@ -6,8 +6,6 @@ runs the loops that send queued events, sweep expiries and drain L3 write-behind
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import gc
 import logging
 import time
@@ -18,7 +16,6 @@ from typing import Any, ClassVar
 from prometheus_client import Counter, Gauge
 
 from schemas.events import (
-    CacheAccessBatch,
     CacheInvalidated,
     ConversationEnded,
     EvictionRequested,
@@ -49,19 +46,14 @@ from services.tiers.l3.store import PostgresL3Store
 from services.tiers.metrics import TIERS
 from services.tiers.node.degrade import DegradeConfig, HitRateGuard, ModeChange
 from services.tiers.node.matcher import Matcher
-from services.tiers.node.outbox import AccessRecord, Outbox, access_batch_json
+from services.tiers.node.outbox import Outbox
 from services.tiers.node.refine import Refiner
 from services.tiers.node.tiered import TieredCache
+from services.tiers.relay import EventRelay
 from services.tiers.settings import TiersSettings
 
 log = logging.getLogger(__name__)
 
-# Access events go out when this many are queued, even before access_flush_ms.
-_ACCESS_BATCH = 500
-# Access events built and published between two turns of the event loop (one publish_many each).
-_ACCESS_SLICE = 256
-# A failed invalidation publish is tried again after this long.
-_REPUBLISH_DELAY_MS = 500
 # How long a starting node waits to be assigned its invalidation partitions before it gives up.
 _HEARING_TIMEOUT_S = 120.0
 _HEARING_POLL_S = 0.05
@@ -125,10 +117,7 @@ class TiersService(Service):
         self.api_port: int | None = None
         self._api: InLoopServer | None = None
         self._wake = asyncio.Event()
-        self.published_invalidations = 0
-        self.publish_errors = 0
-        # Ids of invalidations the broker acknowledged, for the outbox sweep to forget (a batch each).
-        self._acknowledged: list[str] = []
+        self.relay: EventRelay | None = None
         self._delayed_commands: set[asyncio.Task[None]] = set()
         self._invalidations: EventConsumer | None = None
 
@@ -224,6 +213,7 @@ class TiersService(Service):
             self.cache.refiner = Refiner(
                 self.embedder.embed, s.embedder_screen_band, s.embedder_screen_band_max
             )
+        self.relay = EventRelay(s, self.cache, self.l3, self.publisher, self.announcer, self._wake)
         TIERS.watch(s.node_id, self.cache)
         stack.callback(TIERS.forget, s.node_id)
         await self._share_l2(stack)
@@ -373,6 +363,18 @@ class TiersService(Service):
         if server is not None:
             await server.stop()
 
+    async def _send_events(self) -> None:
+        assert self.relay is not None
+        await self.relay.send_events()
+
+    async def _sweep_outbox(self) -> None:
+        assert self.relay is not None
+        await self.relay.sweep_outbox()
+
+    @property
+    def publish_errors(self) -> int:
+        return self.relay.publish_errors if self.relay is not None else 0
+
     def loops(self) -> Sequence[Loop]:
         return (
             self._send_events,
@@ -446,118 +448,9 @@ class TiersService(Service):
 
     # --- loops ----------------------------------------------------------------------------------
 
-    async def _send_events(self) -> None:
-        """Invalidations as soon as they are due; access events every access_flush_ms or per 500."""
-        assert self.cache is not None
-        outbox = self.cache.outbox
-        flush_s = self.settings.access_flush_ms / 1000
-        last_access_flush = time.monotonic()
-        while True:
-            due = outbox.next_due_ms()
-            wait_s = flush_s if due is None else max(0.0, min(flush_s, (due - monotonic_ms()) / 1000))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait_s)
-            self._wake.clear()
-            await self._publish_due(outbox)
-            now = time.monotonic()
-            if now - last_access_flush >= flush_s or outbox.stats().queued_access >= _ACCESS_BATCH:
-                last_access_flush = now
-                await self._publish_access(outbox)
-
-    async def _publish_due(self, outbox: Outbox) -> None:
-        assert self.announcer is not None
-        for event in outbox.take_due():
-            try:
-                await self.announcer.publish(
-                    event, wait=False, on_settled=functools.partial(self._settled, outbox, event)
-                )
-                self.published_invalidations += 1
-            except Exception as exc:  # broker unreachable: try again shortly, never crash the loop
-                self._settled(outbox, event, exc)
-
-    def _settled(self, outbox: Outbox, event: CacheInvalidated, error: BaseException | None) -> None:
-        """The broker has `event` (its outbox row can go), or the send failed (past the producer's
-        request timeout, say): it is queued again; the outbox row stays until some node relays it."""
-        if error is None:
-            if event.attempt == 1:  # the one L3 recorded with the write
-                self._acknowledged.append(event.event_id)
-            return
-        self.publish_errors += 1
-        outbox.send_failures += 1
-        log.warning("invalidation publish failed; retrying", extra={"error": repr(error)})
-        outbox.invalidation(event, delay_ms=_REPUBLISH_DELAY_MS)
-
-    async def _sweep_outbox(self) -> None:
-        """Every outbox_sweep_ms: forget the invalidations the broker acknowledged, and relay (publish,
-        acknowledged, then forget) those still there past outbox_relay_after_ms, whoever wrote them."""
-        assert self.l3 is not None and self.announcer is not None and self.cache is not None
-        s, publisher = self.settings, self.announcer
-
-        # The rows a relay takes are locked until the broker has them: bounded, so a relay cut off from
-        # the broker midway leaves them to the others soon.
-        send_timeout_s = max(1.0, s.outbox_relay_after_ms / 1000)
-
-        async def send(items: list[tuple[str, bytes]]) -> None:
-            async with asyncio.timeout(send_timeout_s):
-                await publisher.publish_encoded(CacheInvalidated, items, wait=True)
-
-        while True:
-            await asyncio.sleep(s.outbox_sweep_ms / 1000)
-            done, self._acknowledged = self._acknowledged, []
-            try:
-                if done:
-                    await self.l3.outbox_sent(done)
-                if self._reaches_broker():
-                    relayed = await self.l3.relay_outbox(send, older_than_ms=s.outbox_relay_after_ms)
-                    self.cache.outbox.relayed += relayed
-            except Exception as exc:  # L3 or the broker away: the rows wait (a forgotten id is relayed)
-                log.warning("outbox sweep failed; trying again", extra={"error": repr(exc)})
-
-    def _reaches_broker(self) -> bool:
-        """Whether the broker answered this node's fetches lately: a node cut off from it leaves the
-        relay to the others (it would hold the rows it took until its send timed out)."""
-        assert self.cache is not None
-        heard = self.cache.heard_at_ms
-        return heard is not None and self.cache.wall_ms() - heard <= self.settings.outbox_relay_after_ms / 2
-
-    async def _publish_access(self, outbox: Outbox) -> None:
-        assert self.publisher is not None
-        node, per_record = self.settings.node_id, self.settings.access_batch_events
-        records = outbox.take_access()
-        for start in range(0, len(records), _ACCESS_SLICE):
-            chunk = records[start : start + _ACCESS_SLICE]
-            try:
-                if per_record > 1:
-                    # One batch record per partition (and per `per_record` events): per-key order holds.
-                    # Encoded straight from the records, no model per event; one producer batch each.
-                    by_partition: dict[int, list[AccessRecord]] = {}
-                    keys = [r.key for r in chunk]
-                    partitions = await self.publisher.partitions_of_keys(CacheAccessBatch, keys)
-                    for record, partition in zip(chunk, partitions, strict=True):
-                        by_partition.setdefault(partition, []).append(record)
-                    items = [
-                        (group[i].key, access_batch_json(group[i : i + per_record], node))
-                        for group in by_partition.values()
-                        for i in range(0, len(group), per_record)
-                    ]
-                    await self.publisher.publish_encoded(CacheAccessBatch, items, wait=False)
-                else:
-                    await self.publisher.publish_many([record.event(node) for record in chunk], wait=False)
-            except Exception as exc:  # access events are statistics: drop, count, go on
-                self.publish_errors += len(chunk)
-                log.warning("access events publish failed; dropped", extra={"error": repr(exc)})
-            await asyncio.sleep(0)  # let waiting requests in between slices: no long loop stalls
-
     async def _drain_outbox(self) -> None:
-        if self.cache is None or self.publisher is None:
-            return
-        outbox = self.cache.outbox
-        # The second deletes still pending are sent now rather than lost.
-        deadline = time.monotonic() + 1.0
-        while outbox.next_due_ms() is not None and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-            await self._publish_due(outbox)
-        await self._publish_access(outbox)
+        if self.relay is not None:
+            await self.relay.drain()
 
     async def _housekeeping(self) -> None:
         assert self.cache is not None and self.l3 is not None
@@ -612,7 +505,8 @@ class TiersService(Service):
         try:
             await self.publisher.publish(event, wait=False)
         except Exception as exc:  # the mode has changed anyway; the metric and the log still say so
-            self.publish_errors += 1
+            if self.relay is not None:
+                self.relay.publish_errors += 1
             log.warning("mode change publish failed", extra={"error": repr(exc)})
 
     async def _watch_hearing(self) -> None:
@@ -692,7 +586,7 @@ class TiersService(Service):
                 "l2_entries": len(cache.l2) if cache.l2 is not None else None,
                 "l3_breaker": cache.breaker.state,
                 "pending_l3_writes": cache.pending_l3_writes,
-                "published_invalidations": self.published_invalidations,
+                "published_invalidations": self.relay.published_invalidations if self.relay else 0,
                 "publish_errors": self.publish_errors,
             },
         }
