@@ -1,42 +1,23 @@
-"""The faust app: thin agents that move records between Kafka and the pure window stages.
-
-Stage 1 (`ingest` agent + a timer) reads `cache.access.v1` and `kv.events.v1`, publishes
-`RequestPenetrated` / `LatencySpikeDetected` as they happen, keeps partial panes in memory and, on
-every tick, hands the closed ones to stage 2, records each partition's progress in the `ingest`
-table and acknowledges the records those panes counted (manual acks: an offset is committed only
-once what it counted has been handed on; a crash replays the records of open panes). Stage 2
-(`merge` agent) merges the panes and publishes `WindowComputed` and `DriftClustered`.
-
-Tables live in faust's memory store and are rebuilt from their changelogs on start. Writes go to
-the changelog partition the stage chose (the source partition, or the hand-off partition), so
-recovery puts every entry back where its owner reads it.
-
-Trace context: each record is handled in a consumer span continuing its `traceparent`, so what
-it publishes carries a child's. A tick's hand-off records share one trace, which the windows and
-clusters they close continue.
-
-Lifecycle: `streams/service.py`; pages: `streams/web.py`; faust's private parts: `faust_adapter.py`.
-"""
+"""The faust app: thin agents that move records between Kafka and the pure window stages (ingest.py,
+merge.py). An offset is committed only once what it counted has been handed on, and the tables come
+back from their changelogs on start: docs/streams.md says how. Lifecycle: `streams/service.py`; pages:
+`streams/web.py`; faust's private parts: `faust_adapter.py`."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import faust
-import msgspec
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 from faust.sensors.prometheus import FaustMetrics, PrometheusMonitor
 from faust.types import TP, EventT, StreamT
 from prometheus_client import CollectorRegistry
 
 from schemas.events import (
-    CacheAccessBatch,
     CacheAccessed,
     DriftClustered,
     Event,
@@ -45,14 +26,22 @@ from schemas.events import (
     RequestPenetrated,
     WindowComputed,
 )
-from schemas.wire import DecodeError, dead_letter_headers, encode
-from services.runtime import tracing
+from schemas.wire import DecodeError, encode
+from services.runtime import clients, tracing
 from services.runtime.codec import decode_event
+from services.runtime.deadletter import dead_letter
 from streams import faust_adapter, metrics
 from streams.handoff_gaps import read_handoff, read_range
 from streams.ingest import Ingest, IngestCounters
 from streams.merge import Merge
-from streams.records import Partial, TableWrite, decode_handoff
+from streams.records import (
+    Partial,
+    TableWrite,
+    accesses_of,
+    compact_json,
+    decode_handoff,
+    wall_ms,
+)
 from streams.settings import StreamsSettings
 from streams.spikes import SpikeDetector
 from streams.topology import (
@@ -74,32 +63,10 @@ _MAX_BATCH_BYTES = 1024 * 1024
 _FETCH_FRESH_MS = 3_000
 
 
-_ENCODER = msgspec.json.Encoder()
-
-
-def _json(value: Any) -> bytes:
-    """Compact JSON, as `json.dumps(value, separators=(",", ":"))` writes it, at a fraction of the cost
-    (the hand-off and changelog records carry a count per key)."""
-    return _ENCODER.encode(value)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _headers(event: EventT) -> list[tuple[str, bytes]]:
+def record_headers(event: EventT) -> list[tuple[str, bytes]]:
     headers = event.message.headers or ()
     # faust passes aiokafka's (key, value) pairs through; a mapping only if someone built one.
     return list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-
-
-def _accesses(decoded: object) -> list[CacheAccessed]:
-    """The accesses a source record stands for: a batch's, the one access, or none."""
-    if isinstance(decoded, CacheAccessed):
-        return [decoded]
-    if isinstance(decoded, CacheAccessBatch):
-        return decoded.events
-    return []
 
 
 class StreamsApp:
@@ -207,12 +174,12 @@ class StreamsApp:
         async def ingest(stream: StreamT) -> None:
             manual = stream.noack()  # type: ignore[attr-defined]
             async for event in manual.events():
-                with tracing.consumer_span(event.message.topic, _headers(event)):
+                with tracing.consumer_span(event.message.topic, record_headers(event)):
                     await self.on_source_record(manual, event)
 
         async def merge(stream: StreamT) -> None:
             async for event in stream.events():
-                with tracing.consumer_span(event.message.topic, _headers(event)):
+                with tracing.consumer_span(event.message.topic, record_headers(event)):
                     await self.on_handoff_record(event)
 
         app.agent(self.source, name=f"{n.app_id}.ingest")(ingest)
@@ -241,7 +208,7 @@ class StreamsApp:
             await self._dead_letter(message, exc.kind, exc.reason)
             self._ack_soon.append((stream, event))
             return
-        accesses = _accesses(decoded)
+        accesses = accesses_of(decoded)
         if not accesses or topic != self.names.access:
             # KV stores only move warm times (kept in memory); anything else is not ours.
             if isinstance(decoded, KvBlockStored):
@@ -257,9 +224,9 @@ class StreamsApp:
         # One sample per record: its oldest event's delay (a batch's events arrive together).
         oldest = min(access.occurred_at_ms for access in accesses)
         metrics.INGEST_DELAY.observe(max(0, now - oldest) / 1000)
-        await self._apply_accesses(partition, offset, accesses)
+        await self._applyaccesses_of(partition, offset, accesses)
 
-    async def _apply_accesses(self, partition: int, offset: int, accesses: list[CacheAccessed]) -> None:
+    async def _applyaccesses_of(self, partition: int, offset: int, accesses: list[CacheAccessed]) -> None:
         """Applies one source record's accesses, then publishes what they detected. The whole record
         is applied before anything is awaited: a tick never sees half a batch."""
         clock, outs = self.clock(), []
@@ -299,7 +266,7 @@ class StreamsApp:
             except DecodeError as exc:
                 await self._dead_letter(record, exc.kind, exc.reason)
                 continue
-            await self._apply_accesses(partition, record.offset, _accesses(decoded))
+            await self._applyaccesses_of(partition, record.offset, accesses_of(decoded))
 
     async def tick(self) -> None:
         """Close the panes the watermarks passed, hand them to stage 2, record the progress, then
@@ -324,7 +291,7 @@ class StreamsApp:
             sent = []
             for partial in closing.partials:
                 key = partial.routing_key().encode()
-                payload = _json(partial.to_json())
+                payload = compact_json(partial.to_json())
                 sent.append(await self.send(self.names.handoff, key, payload, headers=trace))
             progress = closing.progress
             if self._resend_progress:
@@ -333,7 +300,7 @@ class StreamsApp:
                 self._resend_progress = False
             if progress is not None:
                 for q in range(self.settings.partitions):
-                    payload = _json(progress.to_json())
+                    payload = compact_json(progress.to_json())
                     sent.append(await self.send(self.names.handoff, None, payload, q, headers=trace))
             if sent:
                 await asyncio.gather(*sent)
@@ -489,13 +456,13 @@ class StreamsApp:
         """Applies stage writes to the local table and its changelog, on the chosen partition."""
         changelog = table.changelog_topic.get_topic_name()
         for w in writes:
-            key = _json(w.key)
+            key = compact_json(w.key)
             if w.value is None:
                 table.data.pop(w.key, None)
                 await self.send(changelog, key, None, w.partition)
             else:
                 table.data[w.key] = w.value
-                await self.send(changelog, key, _json(w.value), w.partition)
+                await self.send(changelog, key, compact_json(w.value), w.partition)
 
     async def send(
         self,
@@ -511,22 +478,9 @@ class StreamsApp:
         return fut
 
     async def _dead_letter(self, message: Any, kind: str, reason: str) -> None:
-        topic_name = self.names.dlq(message.topic)
-        headers = dead_letter_headers(
-            message.headers,
-            kind=kind,
-            reason=reason,
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            group=self.names.app_id,
-            failed_at_ms=wall_ms(),
-        )
-        log.warning(
-            "dead-lettered a record", extra={"topic": message.topic, "offset": message.offset, "kind": kind}
-        )
+        headers = dead_letter(message, kind, reason, self.names.app_id)
         metrics.EVENTS.labels("dead_lettered").inc()
-        await (await self.send(topic_name, message.key, message.value, headers=headers))
+        await (await self.send(self.names.dlq(message.topic), message.key, message.value, headers=headers))
 
     # --- rebalancing and health ---------------------------------------------------------------
 
@@ -587,13 +541,11 @@ class StreamsApp:
         its seek to the committed offsets repairs only the partitions that have one, so the others
         are read again from their start once the rebalance is over (a repeat is skipped by offset).
         Asked before the streams resume, so that no commit of this generation hides a gap."""
-        admin = AIOKafkaAdminClient(
-            bootstrap_servers=self.settings.kafka.bootstrap, client_id="cachemesh-streams-recovery"
-        )
         topics = {self.names.access, self.names.kv, self.names.handoff}
         try:
-            await admin.start()
-            committed = await admin.list_consumer_group_offsets(self.names.app_id)
+            starts = await clients.committed_offsets(
+                self.settings.kafka.bootstrap, self.names.app_id, "cachemesh-streams-recovery"
+            )
         except (KafkaError, OSError) as exc:
             # tansu answers this request in a form aiokafka cannot parse. Reading every partition again
             # is safe (both stages skip what they applied, by offset); it only costs the re-read.
@@ -601,9 +553,6 @@ class StreamsApp:
                 "committed offsets unavailable; reading every partition again", extra={"error": repr(exc)}
             )
             return sorted(tp for tp in assigned if tp.topic in topics), {}
-        finally:
-            await admin.close()
-        starts = {(tp.topic, tp.partition): meta.offset for tp, meta in committed.items()}
         sources = {p: o for (t, p), o in starts.items() if t == self.names.access}
         rewind = [
             tp for tp in assigned if tp.topic in topics and starts.get((tp.topic, tp.partition), -1) <= 0

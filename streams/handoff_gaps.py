@@ -13,7 +13,9 @@ import asyncio
 import json
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord, TopicPartition
+
+from services.runtime import clients
 
 _POLL_MS = 500
 
@@ -48,11 +50,9 @@ async def read_range(
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """The records at [start, end) of `topic`/`partition` as aiokafka gives them, in offset order
     (stage 1 reads the source records faust's consumer skipped with it)."""
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap,
-        client_id="cachemesh-streams-handoff-gaps",
-        group_id=None,
-        enable_auto_commit=False,
+    consumer = clients.reader(
+        bootstrap,
+        "cachemesh-streams-handoff-gaps",
         auto_offset_reset="earliest",
         fetch_max_bytes=max_fetch_bytes,
         max_partition_fetch_bytes=max_fetch_bytes,

@@ -11,9 +11,13 @@ named partition.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
+from schemas.events import CacheAccessBatch, CacheAccessed
 from streams.windows import Group, PaneAggregate
 
 
@@ -82,3 +86,25 @@ def decode_handoff(doc: dict[str, Any]) -> Partial | Progress:
     if kind == "progress":
         return Progress(int(doc["n"]), {int(p): int(c) for p, c in doc["c"].items()})
     raise ValueError(f"unknown hand-off record kind {kind!r}")
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def compact_json(value: Any) -> bytes:
+    """Compact JSON, as `json.dumps(value, separators=(",", ":"))` writes it, at a fraction of the cost
+    (the hand-off and changelog records carry a count per key)."""
+    return _ENCODER.encode(value)
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def accesses_of(decoded: object) -> list[CacheAccessed]:
+    """The accesses a source record stands for: a batch's, the one access, or none."""
+    if isinstance(decoded, CacheAccessed):
+        return [decoded]
+    if isinstance(decoded, CacheAccessBatch):
+        return decoded.events
+    return []

@@ -12,10 +12,10 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from aiohttp import web
-from aiokafka.admin import AIOKafkaAdminClient
 from prometheus_client import REGISTRY, Counter
 
 from schemas.topics import BY_NAME
+from services.runtime import clients
 from services.runtime.service import Loop, Service
 from services.runtime.topics import ensure_topics
 from streams import faust_adapter
@@ -40,30 +40,20 @@ async def prepare(settings: StreamsSettings) -> int:
     bootstrap, namespace = settings.kafka.bootstrap, settings.kafka.topic_namespace
     if settings.create_topics:
         await ensure_topics(bootstrap, namespace)
-    count = settings.source_partitions or await _partitions_of(bootstrap, names(settings).access)
+    count = settings.source_partitions or await clients.partition_count(
+        bootstrap, names(settings).access, "cachemesh-streams-setup"
+    )
     count = count or BY_NAME["cache.access.v1"].partitions
     if settings.create_topics:
         await ensure_topics(bootstrap, namespace, internal_topics(settings, count))
     changelog = names(settings).ingest_table
-    have = await _partitions_of(bootstrap, changelog)
+    have = await clients.partition_count(bootstrap, changelog, "cachemesh-streams-setup")
     if have and have != count:
         raise SystemExit(
             f"{changelog} has {have} partitions but the source topic has {count}; "
             "they must match (delete the changelog or set CACHEMESH_STREAMS_SOURCE_PARTITIONS)"
         )
     return count
-
-
-async def _partitions_of(bootstrap: str, topic: str) -> int | None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="cachemesh-streams-setup")
-    await admin.start()
-    try:
-        for desc in await admin.describe_topics([topic]):
-            if desc.get("topic") == topic and not desc.get("error_code"):
-                return len(desc.get("partitions", [])) or None
-        return None
-    finally:
-        await admin.close()
 
 
 class StreamsService(Service):

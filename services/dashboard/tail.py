@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer
 
 from schemas.events import Event
 from schemas.topics import qualified
-from services.runtime import metrics
+from services.runtime import clients, metrics
 from services.runtime.consume import Apply, Dedupe, Skip, admit
 from services.runtime.settings import KafkaSettings
 
@@ -55,11 +55,9 @@ class RecordsTail:
         if self._consumer is not None:
             return
         s = self._settings
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=s.bootstrap,
-            client_id=self._client_id,
-            group_id=None,
-            enable_auto_commit=False,
+        consumer = clients.reader(
+            s.bootstrap,
+            self._client_id,
             auto_offset_reset="latest",
             max_poll_records=s.max_poll_records,
             request_timeout_ms=s.request_timeout_ms,

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Self
 
-from aiokafka import AIOKafkaProducer
-
 from schemas.events import MAX_KEYS_PER_EVENT, SourceChanged
 from schemas.topics import qualified
 from schemas.wire import encode
+from services.runtime import clients
 
 
 def source_changes(
@@ -37,7 +36,7 @@ class SourceChangePublisher:
     """
 
     def __init__(self, bootstrap: str, *, namespace: str = "", producer: str | None = None) -> None:
-        self._kafka = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all")
+        self._kafka = clients.producer(bootstrap, acks="all")
         self._namespace = namespace
         self._producer = producer
 

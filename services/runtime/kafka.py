@@ -22,7 +22,6 @@ from aiokafka.errors import CommitFailedError, KafkaError
 
 from schemas.events import Event
 from schemas.topics import dlq_name, qualified
-from schemas.wire import dead_letter_headers
 from services.runtime import metrics, tracing
 from services.runtime.consume import (
     Abandon,
@@ -36,6 +35,7 @@ from services.runtime.consume import (
     after_attempt,
     backoff_s,
 )
+from services.runtime.deadletter import dead_letter
 from services.runtime.publisher import RECORD_OVERHEAD_BYTES, EventPublisher
 from services.runtime.settings import KafkaSettings
 
@@ -395,22 +395,7 @@ class EventConsumer:
                 )
 
     async def _dead_letter(self, record: ConsumerRecord[bytes, bytes], verdict: DeadLetter) -> None:
-        kind, reason = verdict.kind, verdict.reason
-        headers = dead_letter_headers(
-            record.headers,
-            kind=kind,
-            reason=reason,
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            group=self.group_id,
-            failed_at_ms=time.time_ns() // 1_000_000,
-        )
-        log.warning(
-            "dead-lettered a record",
-            extra={"topic": record.topic, "offset": record.offset, "kind": kind, "reason": reason[:200]},
-        )
-        metrics.child(metrics.EVENTS_DEAD_LETTERED, record.topic, kind).inc()
+        headers = dead_letter(record, verdict.kind, verdict.reason, self.group_id)
         # Waits for the acknowledgement: the source offset is committed only once the DLQ holds it.
         attempt = 0
         while True:

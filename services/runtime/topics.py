@@ -13,6 +13,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic
 from aiokafka.errors import TopicAlreadyExistsError
 
 from schemas.topics import Topic, all_topics, qualified
+from services.runtime import clients
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +26,7 @@ async def ensure_topics(
 ) -> list[str]:
     """Returns the qualified names of the topics created now."""
     wanted = {qualified(t.name, namespace): t for t in (topics if topics is not None else all_topics())}
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, client_id="cachemesh-topics")
-    await admin.start()
-    try:
+    async with clients.admin(bootstrap, "cachemesh-topics") as admin:
         existing = set(await admin.list_topics())
         missing = [
             NewTopic(name, t.partitions, replication_factor, topic_configs=t.configs())
@@ -46,8 +45,6 @@ async def ensure_topics(
         if present:
             await _grow_partitions(admin, {name: wanted[name] for name in present})
         return created
-    finally:
-        await admin.close()
 
 
 def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
