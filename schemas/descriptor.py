@@ -13,6 +13,11 @@ MAX_TAGS = 64
 MAX_DEPENDENCIES = 256
 
 
+# The cosine a semantic match must reach when neither the entry nor the request says (seed §1.1's
+# example). The one place this default is written; everything else imports it.
+DEFAULT_SIMILARITY_FLOOR = 0.92
+
+
 class CacheDescriptor(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -21,8 +26,8 @@ class CacheDescriptor(BaseModel):
     model: Annotated[str, Field(min_length=1, max_length=256)]
     embedding: Annotated[list[float], Field(min_length=1, max_length=MAX_EMBEDDING_DIM)] | None = None
     ttl_hint_ms: Annotated[int, Field(gt=0)] | None = None
-    # Cosine similarity a semantic match must reach (seed §1.1 example: 0.92).
-    similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
+    # Cosine similarity a semantic match must reach.
+    similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = DEFAULT_SIMILARITY_FLOOR
     context_dependency_ids: Annotated[list[str], Field(max_length=MAX_DEPENDENCIES)] = Field(
         default_factory=list
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from schemas.descriptor import CacheDescriptor
+from schemas.descriptor import DEFAULT_SIMILARITY_FLOOR, CacheDescriptor
 from schemas.events import (
     EVENT_TYPES,
     AttentionHeatReported,
@@ -127,7 +127,7 @@ GOLDEN_EVENTS: tuple[Event, ...] = (
         reason="write",
         model="llama-3-8b",
         embedding=[0.6, 0.8, 0.0],
-        similarity_threshold=0.92,
+        similarity_threshold=DEFAULT_SIMILARITY_FLOOR,
         trace_id="conv-42",
         origin_node_id="tiers-a",
         attempt=1,

@@ -107,7 +107,7 @@ class GatewaySettings(ServiceSettings):
     cache_breaker_consecutive: Annotated[int, Field(gt=0)] = 5
     cache_breaker_cooldown_ms: Annotated[int, Field(gt=0)] = 2_000
     # Cosine a paraphrase must reach (the entry's similarity_tolerance; the tier node's guards and
-    # match decision apply on top). None: the tier node's default (0.92).
+    # match decision apply on top). None: the tier node's default (DEFAULT_SIMILARITY_FLOOR).
     similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
     # A stored answer invalidates other entries only when their prompt embeds identically: entries of
     # other tenants or contexts that ask the same question are not this answer's to replace.

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from schemas.descriptor import CacheDescriptor
+from schemas.descriptor import DEFAULT_SIMILARITY_FLOOR, CacheDescriptor
 from schemas.events import EntryKind, Tier
 from services.tiers import codec
 
@@ -26,7 +26,7 @@ class EntryMeta:
     kind: EntryKind
     model: str
     embedding: np.ndarray | None = field(default=None, repr=False)  # float32 as written; L1 keeps a unit copy
-    similarity_tolerance: float = 0.92
+    similarity_tolerance: float = DEFAULT_SIMILARITY_FLOOR
     ttl_hint_ms: int | None = None
     trace_id: str | None = None
     context_dependency_ids: tuple[str, ...] = ()

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
 
+from schemas.descriptor import DEFAULT_SIMILARITY_FLOOR
 from schemas.events import MAX_ACCESS_BATCH
 from services.runtime.settings import ServiceSettings
 
@@ -83,8 +84,8 @@ class TiersSettings(ServiceSettings):
     rdma_device: str | None = None  # default: the first device pyverbs lists
     rdma_port: Annotated[int, Field(ge=1, le=255)] = 1
     rdma_gid_index: Annotated[int, Field(ge=0)] = 0
-    # Cosine a semantic match must reach when the entry does not say (seed §1.1: 0.92).
-    default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = 0.92
+    # Cosine a semantic match must reach when the entry does not say.
+    default_similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] = DEFAULT_SIMILARITY_FLOOR
     # The match decision (services/tiers/node/matcher.py). "learned": the threshold learned from
     # feedback with the bound match_delta on the rate of wrong answers served (matching/threshold.py):
     # nothing is served by similarity until the labels (feedback, explorations) certify δ at 95%

@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from schemas.descriptor import MAX_DEPENDENCIES, MAX_TAGS
+from schemas.descriptor import DEFAULT_SIMILARITY_FLOOR, MAX_DEPENDENCIES, MAX_TAGS
 from schemas.events import MAX_KEY_CHARS, EntryKind, Tier
 from services.tiers import codec
 
@@ -74,7 +74,8 @@ class PutBody(EmbeddingFields):
     ttl_hint_ms: Annotated[int, Field(gt=0)] | None = None
     similarity_tolerance: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         default=None,
-        description="cosine a semantic match of this entry must reach (default 0.92); a lookup's "
+        description=f"cosine a semantic match of this entry must reach (default {DEFAULT_SIMILARITY_FLOOR}); "
+        "a lookup's "
         "tolerance can only make it stricter",
     )
     invalidate_threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(

@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from policies.base import AccessMeta, Eviction, Policy
 from policies.recency.lru import LRU
+from schemas.descriptor import DEFAULT_SIMILARITY_FLOOR
 from services.tiers.l1.cuckoo import CuckooFull, CuckooTable, key_hash, key_hashes
 from services.tiers.l1.vector_index import (
     DEFAULT_ANN_THRESHOLD,
@@ -30,7 +31,6 @@ from services.tiers.l1.vector_index import (
 )
 
 NEVER = np.iinfo(np.int64).max
-DEFAULT_TOLERANCE = 0.92  # seed §1.1's example similarity_tolerance
 
 
 def monotonic_ms() -> int:
@@ -88,7 +88,7 @@ class L1Cache:
         max_entries: int = 100_000,
         policy: Policy | None = None,
         clock: Callable[[], int] = monotonic_ms,
-        default_tolerance: float = DEFAULT_TOLERANCE,
+        default_tolerance: float = DEFAULT_SIMILARITY_FLOOR,
         ann_threshold: int = DEFAULT_ANN_THRESHOLD,
         ann_factory: AnnFactory | None = None,
         candidates: int = DEFAULT_CANDIDATES,

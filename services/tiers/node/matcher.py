@@ -2,10 +2,10 @@
 serves, the per-entry feedback it learns from, and whether a write makes a neighbour stale.
 
 Default (`delta` None): a fixed cosine floor plus the guards. The floor is the stricter of the request's
-`tolerance` and the entry's `similarity_tolerance` (0.92 unless the writer set another); the guards
-(negation, numbers/dates/units, entities, opposites) veto a candidate when both the request's text and
-the entry's prompt text are known; a lookup by embedding alone skips them. Feedback is recorded per
-entry: an entry rated wrong at similarity s is not served at or below s again.
+`tolerance` and the entry's `similarity_tolerance` (DEFAULT_SIMILARITY_FLOOR unless the writer set
+another); the guards (negation, numbers/dates/units, entities, opposites) veto a candidate when both the
+request's text and the entry's prompt text are known; a lookup by embedding alone skips them. Feedback
+is recorded per entry: an entry rated wrong at similarity s is not served at or below s again.
 Learned (`delta` set): matching/threshold.py's threshold at that δ (the pooled sigmoid of
 matching/calibration.py; δ per model from `deltas`), explored with its probability: a cold pool
 (fewer than 20 labels) serves nothing by similarity, it explores until its labels certify δ; an
@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from matching.decision import NEAR_EXACT, Candidate, MatchDecision, MatchResult, same_text
 from matching.deltas import DeltaTable
 from matching.threshold import EntryThreshold, ThresholdLearner
+from schemas.descriptor import DEFAULT_SIMILARITY_FLOOR
 from services.tiers.entry import EntryMeta
 
 _TIER_RANK = {"l1": 0, "l2": 1, "l3": 2}
@@ -44,7 +45,7 @@ class Matcher:
         self,
         *,
         delta: float | None = None,
-        default_tolerance: float = 0.92,
+        default_tolerance: float = DEFAULT_SIMILARITY_FLOOR,
         seed: int = 0,
         max_states: int = 100_000,
         deltas: dict[str, float] | None = None,
