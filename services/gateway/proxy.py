@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 from prometheus_client import Counter, Histogram
@@ -74,6 +74,17 @@ def _relayed(response: httpx.Response, headers: dict[str, str]) -> Response:
     """The upstream's answer as it came (status, body, type), with the gateway's headers."""
     media = response.headers.get("content-type", "application/json")
     return Response(response.content, status_code=response.status_code, media_type=media, headers=headers)
+
+
+class Outgoing(NamedTuple):
+    """One request on its way to an engine: the engine's path, the body, the caller's headers, the
+    headers the answer will carry, and the entry to store the answer under (None: not stored)."""
+
+    path: str
+    raw: bytes
+    incoming: Mapping[str, str]
+    out: dict[str, str]
+    entry: Entry | None
 
 
 class Proxy:
@@ -267,9 +278,10 @@ class Proxy:
                 out["x-cachemesh-route"] = chosen.choice.reason
                 out["x-cachemesh-route-predicted-blocks"] = str(chosen.choice.predicted_blocks)
             try:
+                call = Outgoing(_PATHS[route], raw, incoming, out, entry)
                 if req.stream:
-                    return await self._relay_stream(chosen, _PATHS[route], raw, incoming, out, entry)
-                return await self._forward(chosen, _PATHS[route], raw, incoming, out, entry)
+                    return await self._relay_stream(chosen, call)
+                return await self._forward(chosen, call)
             except UpstreamUnavailable as exc:
                 tried.add(chosen.engine.name)
                 if exc.code not in _RETRYABLE or len(tried) >= len(self.engines.engines):
@@ -280,15 +292,8 @@ class Proxy:
                     extra={"instance": chosen.engine.name, "error": str(exc)},
                 )
 
-    async def _forward(
-        self,
-        chosen: EngineRoute,
-        path: str,
-        raw: bytes,
-        incoming: Mapping[str, str],
-        out: dict[str, str],
-        entry: Entry | None,
-    ) -> Response:
+    async def _forward(self, chosen: EngineRoute, call: Outgoing) -> Response:
+        path, raw, incoming, out, entry = call
         upstream = chosen.engine.upstream
         chosen.started()
         started = time.perf_counter()
@@ -315,15 +320,8 @@ class Proxy:
                 self._store_later(entry, answer)
         return _relayed(response, out)
 
-    async def _relay_stream(
-        self,
-        chosen: EngineRoute,
-        path: str,
-        raw: bytes,
-        incoming: Mapping[str, str],
-        out: dict[str, str],
-        entry: Entry | None,
-    ) -> Response:
+    async def _relay_stream(self, chosen: EngineRoute, call: Outgoing) -> Response:
+        path, raw, incoming, out, entry = call
         upstream = chosen.engine.upstream
         chosen.started()
         try:

@@ -49,30 +49,19 @@ class LookupExecutor:
             self._walk_in_process(walk, LOCAL_PLAN)
         return self._answers(walk, started)[0]
 
-    def begin(
-        self,
-        key: str | None = None,
-        embedding: npt.ArrayLike | None = None,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        trace_id: str | None = None,
-        text: str | None = None,
-        screened: bool = False,
-    ) -> Lookup | Pending:
+    def begin(self, q: Query) -> Lookup | Pending:
         """`get`'s in-process part, synchronously: the answer where this node's memory settles it (an exact
         or conclusive hit in L1/L2; a key alone held in L1 without a walk), else the walk for `finish`."""
-        if key is None and embedding is None:
+        if q.key is None and q.embedding is None:
             raise ValueError("a lookup needs a key, an embedding, or both")
         started = self.node.perf_ns()
-        if embedding is None and key is not None and self.node.hearing:
-            held = self.node.l1.peek(key)
-            fits = held is not None and (model is None or held.meta.model == model)
+        if q.embedding is None and q.key is not None and self.node.hearing:
+            held = self.node.l1.peek(q.key)
+            fits = held is not None and (q.model is None or held.meta.model == q.model)
             if held is not None and fits and not self.node.fenced(held):
-                self.node.l1.get(key)  # counts the hit and tells the policy, as the walk's probe does
-                return self._finish(key, None, held, "l1", "exact", 1.0, started, False, trace_id)
-        vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
-        walk = Walk((Query(key, vec, model, tolerance, trace_id, text, screened),), batched=False)
+                self.node.l1.get(q.key)  # counts the hit and tells the policy, as the walk's probe does
+                return self._finish(q.key, None, held, "l1", "exact", 1.0, started, False, q.trace_id)
+        walk = Walk((q,), batched=False)
         hearing = self._walk_local(walk)
         if walk.left or self._unsettled(walk):
             return Pending(walk, started, hearing)
@@ -83,24 +72,6 @@ class LookupExecutor:
         """The rest of a lookup `begin` left open: the peers, L3, the decision."""
         await self._walk_remote(pending.walk, pending.hearing)
         return self._answers(pending.walk, pending.started_ns)[0]
-
-    async def get(
-        self,
-        key: str | None = None,
-        embedding: npt.ArrayLike | None = None,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        trace_id: str | None = None,
-        text: str | None = None,
-        screened: bool = False,
-    ) -> Lookup:
-        """`text`: the request's text when `embedding` is its embedding (the guards need it);
-        `screened`: that embedding is the cheap model's (refine.py)."""
-        got = self.begin(
-            key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text, screened=screened
-        )
-        return got if isinstance(got, Lookup) else await self.finish(got)
 
     async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
         """Batched lookups along the same plan as `get`: one vectorised L1 probe for the exact keys, one

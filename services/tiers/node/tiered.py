@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 import numpy.typing as npt
 
 from schemas.events import (
@@ -114,9 +115,8 @@ class TieredCache(Placement):
     ) -> Lookup | Pending:
         """`get`'s in-process part: the answer where this node's memory settles it, else the walk left
         for `finish`."""
-        return self.lookups.begin(
-            key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text, screened=screened
-        )
+        vec = None if embedding is None else np.asarray(embedding, dtype=np.float32)
+        return self.lookups.begin(Query(key, vec, model, tolerance, trace_id, text, screened))
 
     async def finish(self, pending: Pending) -> Lookup:
         """The rest of a lookup `begin` left open: the peers, L3, the decision."""
@@ -135,9 +135,10 @@ class TieredCache(Placement):
     ) -> Lookup:
         """`text`: the request's text when `embedding` is its embedding (the guards need it);
         `screened`: that embedding is the cheap model's (refine.py)."""
-        return await self.lookups.get(
+        got = self.begin(
             key, embedding, model=model, tolerance=tolerance, trace_id=trace_id, text=text, screened=screened
         )
+        return got if isinstance(got, Lookup) else await self.lookups.finish(got)
 
     async def get_many(self, queries: Sequence[Query]) -> list[Lookup]:
         """Batched lookups along the same plan as `get`."""
