@@ -412,8 +412,12 @@ class AsyncTiersClient:
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
+        http: httpx.AsyncClient | None = None,
     ) -> None:
-        self._http = httpx.AsyncClient(
+        """`http`: an httpx client already set up for the node (its base URL, token and limits), which
+        its owner closes; `base_url` and the other options are then not used."""
+        self._owned = http is None
+        self._http = http or httpx.AsyncClient(
             base_url=base_url,
             headers=_headers(token),
             timeout=timeout_s,
@@ -430,7 +434,8 @@ class AsyncTiersClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._owned:
+            await self._http.aclose()
 
     async def lookup(self, key: str | None = None, **kwargs: Any) -> LookupResult:
         body = _dumps(lookup_body(LookupRequest(key=key, **kwargs)))

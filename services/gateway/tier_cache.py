@@ -10,9 +10,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote
 
 import httpx
+from cachemesh_client import AsyncTiersClient, TiersError
 from prometheus_client import Histogram
 
 from services.gateway.answers import decode_answer, encode_answer
@@ -67,6 +67,9 @@ class Entry:
 
 
 class TierCache:
+    """The gateway's side of the tier API, on the light client (`cachemesh_client`) over the gateway's
+    own httpx client (its base URL, token and pool)."""
+
     def __init__(
         self,
         http: httpx.AsyncClient,
@@ -77,7 +80,8 @@ class TierCache:
         similarity_tolerance: float | None = None,
         invalidate_threshold: float | None = None,
     ) -> None:
-        self.http = http
+        self.http = http  # its owner closes it
+        self.client = AsyncTiersClient(str(http.base_url), http=http)
         self.breaker = breaker
         self.lookup_timeout_s = lookup_timeout_s
         self.store_timeout_s = store_timeout_s
@@ -95,48 +99,39 @@ class TierCache:
 
         if not self.breaker.allow():
             return result("skipped")
-        body: dict[str, Any] = {"key": key, "model": namespace, "include_value": True}
-        if text is not None:
-            body["text"] = text
-        if trace_id is not None:
-            body["trace_id"] = trace_id
         try:
             async with asyncio.timeout(self.lookup_timeout_s):
-                response = await self.http.post("/v1/lookup", json=body, timeout=self.lookup_timeout_s)
+                found = await self.client.lookup(key, model=namespace, text=text, trace_id=trace_id)
         except TimeoutError:
             self.breaker.record(False)
             return result("timeout")
+        except TiersError as exc:
+            # 5xx: the node is unwell; 4xx: it refused this request (too long a text): not its health.
+            self.breaker.record(exc.status < 500)
+            log.warning("cache lookup refused", extra={"status": exc.status, "body": str(exc.detail)[:200]})
+            return result("error")
         except httpx.HTTPError as exc:
             self.breaker.record(False)
             log.warning("cache lookup failed; forwarding: %r", exc)
             return result("error")
-        if response.status_code != 200:
-            # 5xx: the node is unwell; 4xx: it refused this request (too long a text): not its health.
-            self.breaker.record(response.status_code < 500)
-            log.warning(
-                "cache lookup refused", extra={"status": response.status_code, "body": response.text[:200]}
-            )
-            return result("error")
         self.breaker.record(True)
-        data = response.json()
-        explore = data.get("explore_key")
-        if not data.get("hit"):
-            rule, near = data.get("miss_rule"), data.get("similarity")
+        explore = found.explore_key
+        if not found.hit:
             return result(
                 "miss",
                 explore_key=explore,
-                explore_answer=_stored(data.get("explore_value")) if explore else None,
-                miss_rule=str(rule) if rule is not None else None,
-                best_similarity=float(near) if isinstance(near, int | float) else None,
+                explore_answer=_answer(found.explore_value) if explore else None,
+                miss_rule=found.miss_rule,
+                best_similarity=found.similarity,
             )
-        answer = decode_answer((data.get("value") or {}).get("text"))
+        answer = _answer(found.value)
         if answer is None:
             return result("miss", explore_key=explore)
         hit = CachedAnswer(
-            key=str(data["key"]),
-            match=str(data.get("match") or "exact"),
-            similarity=data.get("similarity"),
-            tier=data.get("tier"),
+            key=str(found.key),
+            match=found.match or "exact",
+            similarity=found.similarity,
+            tier=found.tier,
             answer=answer,
         )
         return result("hit", hit=hit)
@@ -146,41 +141,34 @@ class TierCache:
         if not self.breaker.allow():
             return 0
         async with asyncio.timeout(self.lookup_timeout_s):
-            response = await self.http.post("/v1/prefix", json={"keys": keys}, timeout=self.lookup_timeout_s)
-        response.raise_for_status()
-        return int(response.json()["prefix_blocks"])
+            return (await self.client.prefix(keys)).prefix_blocks
 
     async def store(self, entry: Entry, answer: Mapping[str, Any]) -> bool:
-        body: dict[str, Any] = {
-            "value": {"text": encode_answer(answer)},
-            "model": entry.namespace,
-            "kind": "prompt",
-            "ttl_hint_ms": entry.ttl_hint_ms,
-            "semantic_tags": dict(entry.tags),
-        }
-        if entry.prompt is not None:
-            body["embed_text"] = entry.prompt
-            if self.similarity_tolerance is not None:
-                body["similarity_tolerance"] = self.similarity_tolerance
-            if self.invalidate_threshold is not None:
-                body["invalidate_threshold"] = self.invalidate_threshold
-        if entry.trace_id is not None:
-            body["trace_id"] = entry.trace_id
+        semantic = entry.prompt is not None
         try:
             async with asyncio.timeout(self.store_timeout_s):
-                response = await self.http.put(
-                    "/v1/entries/" + quote(entry.key, safe=""), json=body, timeout=self.store_timeout_s
+                await self.client.put(
+                    entry.key,
+                    encode_answer(answer),
+                    model=entry.namespace,
+                    kind="prompt",
+                    ttl_hint_ms=entry.ttl_hint_ms,
+                    semantic_tags=dict(entry.tags),
+                    embed_text=entry.prompt,
+                    similarity_tolerance=self.similarity_tolerance if semantic else None,
+                    invalidate_threshold=self.invalidate_threshold if semantic else None,
+                    trace_id=entry.trace_id,
                 )
-        except (TimeoutError, httpx.HTTPError) as exc:
-            self.counts["store_errors"] += 1
-            log.warning("storing answer %s failed: %r", entry.key, exc)
-            return False
-        if response.status_code not in (200, 201):
+        except TiersError as exc:
             self.counts["store_errors"] += 1
             log.warning(
                 "the tier node refused an answer",
-                extra={"key": entry.key, "status": response.status_code, "body": response.text[:200]},
+                extra={"key": entry.key, "status": exc.status, "body": str(exc.detail)[:200]},
             )
+            return False
+        except (TimeoutError, httpx.HTTPError) as exc:
+            self.counts["store_errors"] += 1
+            log.warning("storing answer %s failed: %r", entry.key, exc)
             return False
         self.counts["stored"] += 1
         return True
@@ -189,21 +177,18 @@ class TierCache:
         self, key: str, text: str, correct: bool, *, explored: bool = False
     ) -> tuple[int, Any]:
         """The tier node's feedback route; its status and body, as they are."""
-        body = {"key": key, "text": text, "correct": correct, "explored": explored}
-        response = await self.http.post("/v1/feedback", json=body)
-        return response.status_code, _body(response)
+        try:
+            return 200, await self.client.feedback(key, text, correct=correct, explored=explored)
+        except TiersError as exc:
+            return exc.status, {"detail": exc.detail}
 
     async def delete(self, key: str) -> bool:
-        response = await self.http.delete("/v1/entries/" + quote(key, safe=""))
-        return response.status_code == 200 and bool(_body(response).get("deleted"))
+        try:
+            return await self.client.delete(key)
+        except TiersError:
+            return False
 
 
-def _stored(value: Any) -> dict[str, Any] | None:
-    return decode_answer(value.get("text")) if isinstance(value, dict) else None
-
-
-def _body(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        return {"detail": response.text}
+def _answer(value: object) -> dict[str, Any] | None:
+    """A stored answer (text values only; anything else is not the gateway's)."""
+    return decode_answer(value) if isinstance(value, str) else None
