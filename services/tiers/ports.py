@@ -6,7 +6,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy.typing as npt
 
@@ -45,17 +45,6 @@ class DescriptorStore(ABC):
     semantic: bool = False
 
     @abstractmethod
-    async def search(
-        self,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> SemanticMatch | None:
-        """The most similar live entry whose cosine reaches max(its own tolerance, `tolerance`)."""
-
     async def neighbours(
         self,
         embedding: npt.ArrayLike,
@@ -65,13 +54,9 @@ class DescriptorStore(ABC):
         min_similarity: float = 0.0,
         candidates: int = 4,
     ) -> list[SemanticMatch]:
-        """Up to `candidates` of the most similar live entries, best first, at or above `min_similarity`
-        whatever their own tolerance (the caller's match decision applies it). This fallback asks
-        `search` for one; adapters that can return several override it."""
-        match = await self.search(
-            embedding, now_ms, model=model, tolerance=min_similarity, candidates=candidates
-        )
-        return [] if match is None else [match]
+        """Up to `candidates` of the most similar live entries (of `model`), best first, at or above
+        `min_similarity` whatever their own tolerance: candidates, not a decision (the caller's matcher
+        applies each entry's floor). [] when the store cannot search by embedding."""
 
     @abstractmethod
     async def delete(self, key: str, *, announce: CacheInvalidated | None = None) -> bool:
@@ -108,24 +93,6 @@ class OutboxStore(ABC):
 
 class L3Store(ValueStore, DescriptorStore, OutboxStore, ABC):
     """What the tiered cache needs from L3: the three ports in one adapter."""
-
-    async def find(
-        self,
-        key: str,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> tuple[Entry, Literal["exact", "semantic"], float] | None:
-        """The exact key, else the best semantic match: one lookup's whole L3 leg. Adapters that can
-        answer both in one round trip override this."""
-        entry = await self.get(key, now_ms)
-        if entry is not None and (model is None or entry.meta.model == model):
-            return entry, "exact", 1.0
-        match = await self.search(embedding, now_ms, model=model, tolerance=tolerance, candidates=candidates)
-        return None if match is None else (match.entry, "semantic", match.similarity)
 
     async def find_neighbours(
         self,

@@ -274,10 +274,6 @@ class L3StoreContract:
             second.event_id
         ]
 
-    # --- semantic search ----------------------------------------------------------------------
-
-    # --- find: the whole L3 leg of a lookup ---------------------------------------------------
-
 
 class SemanticL3Contract(L3StoreContract):
     """The contract of a store that searches by embedding (pgvector; the fake with `semantic=True`)."""
@@ -289,78 +285,65 @@ class SemanticL3Contract(L3StoreContract):
             await store.put(entry("q:1", embedding=e))
         assert await store.get("q:1", NOW) is None
 
-    async def test_search_finds_the_nearest_live_entry_within_tolerance(self, store: L3Store) -> None:
+    # --- neighbours: candidates for the caller's match decision -------------------------------
+
+    async def test_the_first_neighbour_is_the_nearest_live_entry(self, store: L3Store) -> None:
         base = vec(1)
         await store.put(entry("near", embedding=at_cosine(base, 0.97, seed=1), similarity_tolerance=0.9))
         await store.put(entry("nearer", embedding=at_cosine(base, 0.99, seed=2), similarity_tolerance=0.9))
         await store.put(entry("far", embedding=vec(2), similarity_tolerance=0.0))
         await store.put(entry("no-embedding"))
-        match = await store.search(base, NOW)
-        assert match is not None and match.entry.key == "nearer"
-        assert match.similarity == pytest.approx(0.99, abs=1e-3)
-        assert match.entry.blob == encode_text("an answer", model="m")
+        near = await store.neighbours(base, NOW, min_similarity=0.5)
+        assert [m.entry.key for m in near] == ["nearer", "near"]
+        assert near[0].similarity == pytest.approx(0.99, abs=1e-3)
+        assert near[1].similarity == pytest.approx(0.97, abs=1e-3)
+        assert near[0].entry.blob == encode_text("an answer", model="m")
+        assert [m.entry.key for m in await store.neighbours(base, NOW, candidates=1)] == ["nearer"]
 
-    async def test_search_honours_the_entry_tolerance_and_the_callers_floor(self, store: L3Store) -> None:
+    async def test_neighbours_leave_the_entry_tolerance_to_the_caller_and_cut_at_min_similarity(
+        self, store: L3Store
+    ) -> None:
         base = vec(1)
         await store.put(entry("strict", embedding=at_cosine(base, 0.95), similarity_tolerance=0.97))
-        assert await store.search(base, NOW) is None  # 0.95 < its own 0.97
+        near = await store.neighbours(base, NOW)  # 0.95 < its own 0.97: still a candidate
+        assert [m.entry.key for m in near] == ["strict"]
+        assert near[0].similarity == pytest.approx(0.95, abs=1e-3)
+        assert near[0].entry.meta.similarity_tolerance == pytest.approx(0.97)
         await store.put(entry("lax", embedding=at_cosine(base, 0.93, seed=5), similarity_tolerance=0.9))
-        lax = await store.search(base, NOW)
-        assert lax is not None and lax.entry.key == "lax"
-        assert await store.search(base, NOW, tolerance=0.94) is None  # the caller asks for more
+        both = await store.neighbours(base, NOW, min_similarity=0.9)
+        assert [m.entry.key for m in both] == ["strict", "lax"]
+        cut = await store.neighbours(base, NOW, min_similarity=0.94)  # the caller asks for more
+        assert [m.entry.key for m in cut] == ["strict"]
+        assert await store.neighbours(base, NOW, min_similarity=0.96) == []
 
-    async def test_search_filters_by_model_and_skips_expired(self, store: L3Store) -> None:
+    async def test_neighbours_filter_by_model_and_skip_expired(self, store: L3Store) -> None:
         base = vec(1)
         await store.put(entry("llama", model="llama", embedding=at_cosine(base, 0.98)))
         await store.put(entry("gone", model="qwen", embedding=base, ttl_hint_ms=100))
-        assert (m := await store.search(base, NOW, model="qwen")) is not None and m.entry.key == "gone"
-        assert await store.search(base, NOW + 100, model="qwen") is None
-        only = await store.search(base, NOW, model="llama")
-        assert only is not None and only.entry.key == "llama"
-        assert await store.search(base, NOW, model="mistral") is None
+        qwen = await store.neighbours(base, NOW, model="qwen", min_similarity=0.5)
+        assert [m.entry.key for m in qwen] == ["gone"]
+        assert await store.neighbours(base, NOW + 100, model="qwen", min_similarity=0.5) == []
+        only = await store.neighbours(base, NOW, model="llama", min_similarity=0.5)
+        assert [m.entry.key for m in only] == ["llama"]
+        assert await store.neighbours(base, NOW, model="mistral") == []
+        assert [m.entry.key for m in await store.neighbours(base, NOW + 100)] == ["llama"]
 
-    async def test_search_after_delete_and_on_an_empty_store(self, store: L3Store) -> None:
+    async def test_neighbours_after_delete_and_on_an_empty_store(self, store: L3Store) -> None:
         base = vec(1)
-        assert await store.search(base, NOW) is None
+        assert await store.neighbours(base, NOW) == []
         await store.put(entry("q:1", embedding=base))
+        assert [m.entry.key for m in await store.neighbours(base, NOW)] == ["q:1"]
         assert await store.delete("q:1")
-        assert await store.search(base, NOW) is None
+        assert await store.neighbours(base, NOW) == []
 
     async def test_a_zero_query_matches_nothing(self, store: L3Store) -> None:
         await store.put(entry("q:1", embedding=vec(1), similarity_tolerance=0.0))
-        assert await store.search(np.zeros(DIM, dtype=np.float32), NOW) is None
+        assert await store.neighbours(np.zeros(DIM, dtype=np.float32), NOW) == []
 
     async def test_a_query_of_the_wrong_dimension_is_an_error(self, store: L3Store) -> None:
         await store.put(entry("q:1", embedding=vec(1)))
         with pytest.raises(ValueError):
-            await store.search(np.ones(DIM + 1, dtype=np.float32), NOW)
-
-    async def test_find_prefers_the_exact_key_then_the_nearest_entry(self, store: L3Store) -> None:
-        base = vec(1)
-        await store.put(entry("exact", embedding=vec(3)))
-        await store.put(entry("para", embedding=at_cosine(base, 0.97)))
-        hit = await store.find("exact", base, NOW)
-        assert hit is not None and (hit[0].key, hit[1], hit[2]) == ("exact", "exact", 1.0)
-        para = await store.find("never-written", base, NOW)
-        assert para is not None and (para[0].key, para[1]) == ("para", "semantic")
-        assert para[2] == pytest.approx(0.97, abs=1e-3)
-        assert await store.find("never-written", vec(4), NOW) is None
-
-    async def test_find_with_a_model_skips_an_exact_key_of_another_model(self, store: L3Store) -> None:
-        base = vec(1)
-        await store.put(entry("k", model="qwen", embedding=vec(3)))
-        await store.put(entry("para", model="llama", embedding=at_cosine(base, 0.97)))
-        found = await store.find("k", base, NOW, model="llama")
-        assert found is not None and (found[0].key, found[1]) == ("para", "semantic")
-        assert await store.find("k", vec(4), NOW, model="llama") is None
-        exact = await store.find("k", base, NOW, model="qwen")
-        assert exact is not None and exact[1] == "exact"
-
-    async def test_find_skips_an_expired_exact_key(self, store: L3Store) -> None:
-        await store.put(entry("k", embedding=vec(3), ttl_hint_ms=10))
-        assert await store.find("k", vec(4), NOW + 10) is None
-        found = await store.find("k", vec(4), NOW + 9)
-        assert found is not None and found[1] == "exact"
+            await store.neighbours(np.ones(DIM + 1, dtype=np.float32), NOW)
 
     async def test_neighbours_are_every_near_entry_best_first_whatever_its_tolerance(
         self, store: L3Store
@@ -375,6 +358,39 @@ class SemanticL3Contract(L3StoreContract):
         assert near[0].similarity == pytest.approx(0.95, abs=1e-3)
         assert [m.entry.key for m in await store.neighbours(base, NOW, candidates=1)] == ["other"]
         assert await store.neighbours(base, NOW, model="m", min_similarity=0.96) == []
+
+    # --- find_neighbours: the whole L3 leg of a lookup ----------------------------------------
+
+    async def test_find_neighbours_prefers_the_exact_key_then_the_nearest_entries(
+        self, store: L3Store
+    ) -> None:
+        base = vec(1)
+        await store.put(entry("exact", embedding=vec(3)))
+        await store.put(entry("para", embedding=at_cosine(base, 0.97)))
+        exact, near = await store.find_neighbours("exact", base, NOW, min_similarity=0.5)
+        assert exact is not None and exact.key == "exact" and near == []
+        exact, near = await store.find_neighbours("never-written", base, NOW, min_similarity=0.5)
+        assert exact is None and [m.entry.key for m in near] == ["para"]
+        assert near[0].similarity == pytest.approx(0.97, abs=1e-3)
+        assert await store.find_neighbours("never-written", vec(4), NOW, min_similarity=0.5) == (None, [])
+
+    async def test_find_neighbours_with_a_model_skips_an_exact_key_of_another_model(
+        self, store: L3Store
+    ) -> None:
+        base = vec(1)
+        await store.put(entry("k", model="qwen", embedding=vec(3)))
+        await store.put(entry("para", model="llama", embedding=at_cosine(base, 0.97)))
+        exact, near = await store.find_neighbours("k", base, NOW, model="llama", min_similarity=0.5)
+        assert exact is None and [m.entry.key for m in near] == ["para"]
+        assert await store.find_neighbours("k", vec(4), NOW, model="llama", min_similarity=0.5) == (None, [])
+        exact, near = await store.find_neighbours("k", base, NOW, model="qwen")
+        assert exact is not None and exact.key == "k" and near == []
+
+    async def test_find_neighbours_skips_an_expired_exact_key(self, store: L3Store) -> None:
+        await store.put(entry("k", embedding=vec(3), ttl_hint_ms=10))
+        assert await store.find_neighbours("k", vec(4), NOW + 10, min_similarity=0.5) == (None, [])
+        exact, _ = await store.find_neighbours("k", vec(4), NOW + 9)
+        assert exact is not None and exact.key == "k"
 
     async def test_find_neighbours_gives_the_exact_key_or_the_neighbours(self, store: L3Store) -> None:
         base = vec(1)
@@ -394,12 +410,8 @@ class ExactOnlyL3Contract(L3StoreContract):
 
     async def test_without_semantic_search_only_exact_keys_answer(self, store: L3Store) -> None:
         await store.put(entry("k", embedding=vec(1)))
-        assert await store.search(vec(1), NOW) is None
-        found = await store.find("k", vec(1), NOW)
-        assert found is not None and (found[0].key, found[1], found[2]) == ("k", "exact", 1.0)
-        assert await store.find("other", vec(1), NOW) is None
-        assert await store.find("k", vec(1), NOW, model="other") is None
         assert await store.neighbours(vec(1), NOW) == []
         exact, near = await store.find_neighbours("k", vec(1), NOW)
         assert exact is not None and exact.key == "k" and near == []
         assert await store.find_neighbours("other", vec(1), NOW) == (None, [])
+        assert await store.find_neighbours("k", vec(1), NOW, model="other") == (None, [])

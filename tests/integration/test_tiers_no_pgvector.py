@@ -117,10 +117,10 @@ async def test_migrations_and_l3_without_pgvector(
         assert got.meta.semantic_tags == {"lang": "en"} and got.meta.trace_id == "conv-1"
         np.testing.assert_allclose(got.meta.embedding, vec, rtol=1e-6)  # kept as real[]
         assert set(await l3.get_many(["q:1", "nope"], now_ms=2)) == {"q:1"}
-        assert await l3.search(vec, now_ms=2) is None  # no semantic L3 here
-        exact = await l3.find("q:1", vec, now_ms=2)
-        assert exact is not None and exact[1:] == ("exact", 1.0)
-        assert await l3.find("other", vec, now_ms=2) is None
+        assert await l3.neighbours(vec, now_ms=2) == []  # no semantic L3 here
+        exact, near = await l3.find_neighbours("q:1", vec, now_ms=2)
+        assert exact is not None and exact.key == "q:1" and near == []
+        assert await l3.find_neighbours("other", vec, now_ms=2) == (None, [])
         assert await l3.delete_bound_to("conv-1") == ["q:1"]
         assert await l3.get("q:1", now_ms=2) is None
     finally:

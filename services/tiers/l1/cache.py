@@ -41,8 +41,7 @@ def monotonic_ms() -> int:
 class L1Hit:
     key: str
     value: Any
-    similarity: float  # 1.0 for an exact hit
-    exact: bool
+    similarity: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,68 +326,18 @@ class L1Cache:
 
     def get(self, key: str) -> Any | None:
         """The value cached under exactly `key`, or None."""
-        value = self._get(key)
-        if value is None:
-            self._misses += 1
-        return value
-
-    def _get(self, key: str) -> Any | None:
         s = self._slots.get(key, -1)
         if s < 0:
+            self._misses += 1
             return None
         now = self.clock()
         if self._expires.item(s) <= now:
             self.remove(key, "expired")
+            self._misses += 1
             return None
         self.policy.on_hit(key, now)
         self._exact_hits += 1
         return self._values[s]
-
-    def get_semantic(
-        self, embedding: npt.ArrayLike, *, tolerance: float | None = None, model: str | None = None
-    ) -> L1Hit | None:
-        """The most similar entry whose cosine reaches its own similarity_tolerance (or `tolerance`
-        when stricter), optionally limited to `model`."""
-        return self.get_semantic_many(
-            np.asarray(embedding, dtype=np.float32)[None, :], tolerance=tolerance, model=model
-        )[0]
-
-    def get_semantic_many(
-        self, embeddings: npt.ArrayLike, *, tolerance: float | None = None, model: str | None = None
-    ) -> list[L1Hit | None]:
-        q = np.asarray(embeddings, dtype=np.float32)
-        if self.index is None or not len(self.index):
-            self._misses += len(q)
-            return [None] * len(q)
-        ids, sims = self.index.search(q, min(self.candidates, len(self.index)))
-        now = self.clock()
-        slots = np.maximum(ids, 0)
-        need = self._tolerance[slots]
-        if tolerance is not None:
-            need = np.maximum(need, np.float32(tolerance))
-        ok = (ids >= 0) & (sims >= need)
-        # Candidates come best first, so the first acceptable column is the answer.
-        first = np.where(ok.any(axis=1), ok.argmax(axis=1), -1)
-        out: list[L1Hit | None] = []
-        for row, col in enumerate(first.tolist()):
-            hit = None
-            for c in range(col, ids.shape[1]) if col >= 0 else ():
-                if not ok[row, c]:
-                    continue
-                s = int(ids[row, c])
-                key = self._keys[s]
-                # Another query of this batch may have expired this entry already.
-                if key is None or (model is not None and self._models[s] != model) or not self._live(s, now):
-                    continue
-                self.policy.on_hit(key, now)
-                hit = L1Hit(key, self._values[s], float(sims[row, c]), exact=False)
-                break
-            if hit is None:
-                self._misses += 1
-            else:
-                self._semantic_hits += 1
-            out.append(hit)
-        return out
 
     def semantic_candidates(
         self,
@@ -421,7 +370,7 @@ class L1Cache:
                 key = self._keys[s]
                 if key is None or (model is not None and self._models[s] != model) or not self._live(s, now):
                     continue
-                found.append(L1Hit(key, self._values[s], float(sims[row, c]), exact=False))
+                found.append(L1Hit(key, self._values[s], float(sims[row, c])))
             self._misses += not found
             out.append(found)
         return out
@@ -456,21 +405,3 @@ class L1Cache:
             self._misses += 1
             out.append(None)
         return out
-
-    def lookup(
-        self,
-        key: str | None = None,
-        embedding: npt.ArrayLike | None = None,
-        *,
-        tolerance: float | None = None,
-        model: str | None = None,
-    ) -> L1Hit | None:
-        """Exact key first, then the semantic path: what a gateway asks ("do I have this?")."""
-        if key is not None:
-            value = self._get(key)
-            if value is not None:
-                return L1Hit(key, value, 1.0, exact=True)
-        if embedding is None:
-            self._misses += 1
-            return None
-        return self.get_semantic(embedding, tolerance=tolerance, model=model)

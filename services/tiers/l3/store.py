@@ -1,7 +1,7 @@
 """The Postgres adapter of the L3 ports (`ports.py`; DESIGN.md §1 L3).
 
 `ValueStore` keeps encoded values (codec.py: tensor header + raw payload) by key; `DescriptorStore`
-keeps the descriptors with their semantic tags and answers semantic lookups. `PostgresL3Store`
+keeps the descriptors with their semantic tags and gives the nearest ones (`neighbours`). `PostgresL3Store`
 implements both over asyncpg: `cache_descriptors` + `semantic_tags` + `cache_values` (migration 0006),
 one transaction per write, with the invalidation the write owes in `cache_outbox` (migration 0010; the
 outbox port of ports.py). Semantic search uses pgvector's HNSW cosine index when the extension
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 import numpy as np
@@ -175,73 +175,6 @@ class PostgresL3Store(L3Store):
             f"SELECT {_COLUMNS} {_FROM} WHERE d.key = ANY($1::text[]) AND {_LIVE}", list(keys), now_ms
         )
         return {r["key"]: _entry(r) for r in rows}
-
-    async def search(
-        self,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> SemanticMatch | None:
-        if not self.semantic:
-            return None
-        vec = self._embedding_param(np.asarray(embedding, dtype=np.float32))
-        where = "d.embedding IS NOT NULL AND " + _LIVE.replace("$2", "$3")
-        args: list[Any] = [vec, int(candidates), now_ms]
-        if model is not None:
-            where += " AND d.model = $4"
-            args.append(model)
-        rows = await self.db.fetch(
-            f"SELECT {_COLUMNS}, 1 - (d.embedding <=> $1) AS similarity {_FROM} "
-            f"WHERE {where} ORDER BY d.embedding <=> $1 LIMIT $2",
-            *args,
-        )
-        floor = 0.0 if tolerance is None else tolerance
-        for row in rows:  # best first
-            sim = float(row["similarity"])
-            if sim >= max(floor, float(row["similarity_tolerance"])):
-                return SemanticMatch(_entry(row), sim)
-        return None
-
-    async def find(
-        self,
-        key: str,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> tuple[Entry, Literal["exact", "semantic"], float] | None:
-        if not self.semantic:
-            entry = await self.get(key, now_ms)
-            ok = entry is not None and (model is None or entry.meta.model == model)
-            return (entry, "exact", 1.0) if ok else None  # type: ignore[return-value]
-        vec = self._embedding_param(np.asarray(embedding, dtype=np.float32))
-        model_filter = "" if model is None else " AND d.model = $5"
-        args: list[Any] = [key, vec, now_ms, int(candidates)]
-        if model is not None:
-            args.append(model)
-        live = _LIVE.replace("$2", "$3")
-        # One round trip: the exact row (marked with similarity 2) and the nearest neighbours.
-        rows = await self.db.fetch(
-            f"(SELECT {_COLUMNS}, 2.0::float8 AS similarity {_FROM} "
-            f"WHERE d.key = $1 AND {live}{model_filter}) "
-            f"UNION ALL (SELECT {_COLUMNS}, 1 - (d.embedding <=> $2) AS similarity {_FROM} "
-            f"WHERE d.embedding IS NOT NULL AND {live}{model_filter} ORDER BY d.embedding <=> $2 LIMIT $4)",
-            *args,
-        )
-        for row in rows:
-            if float(row["similarity"]) > 1.5:
-                return _entry(row), "exact", 1.0
-        floor = 0.0 if tolerance is None else tolerance
-        for row in rows:
-            sim = float(row["similarity"])
-            if sim >= max(floor, float(row["similarity_tolerance"])):
-                return _entry(row), "semantic", sim
-        return None
 
     async def neighbours(
         self,

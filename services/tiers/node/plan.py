@@ -78,8 +78,9 @@ class Step:
     in_process: bool  # answered from this process's memory, synchronously: open to `get_local`
     promote: tuple[Tier, ...]  # where a hit here is copied on this node
     guarded: bool = False  # behind the L3 breaker: refused, failed or timed out -> degraded
-    # A single lookup holding what this step and the next need asks both in one call (L3's `find`:
-    # one round trip where the store can search); a batch asks them one after the other.
+    # A single lookup holding what this step and the next need asks both in one call (L3's
+    # `find_neighbours`: one round trip where the store can search); a batch asks them one after the
+    # other.
     fused_with_next: bool = False
 
 

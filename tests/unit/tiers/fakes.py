@@ -193,23 +193,6 @@ class MemoryL3(L3Store):
         scored.sort(key=lambda t: -t[0])
         return scored[:candidates]
 
-    async def search(
-        self,
-        embedding: npt.ArrayLike,
-        now_ms: int,
-        *,
-        model: str | None = None,
-        tolerance: float | None = None,
-        candidates: int = 4,
-    ) -> SemanticMatch | None:
-        self._call()
-        if not self.semantic:
-            return None
-        for sim, e in self._scored(embedding, now_ms, model, candidates):
-            if sim >= max(tolerance or 0.0, e.meta.similarity_tolerance):
-                return SemanticMatch(e, sim)
-        return None
-
     async def neighbours(
         self,
         embedding: npt.ArrayLike,

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
 from collections.abc import Hashable
+from typing import Any
 
 import numpy as np
 import pytest
 
 from policies.base import AccessMeta, Eviction, Policy
 from policies.recency.lru import LRU
-from services.tiers.l1.cache import L1Cache
+from services.tiers.l1.cache import L1Cache, L1Hit
 from services.tiers.l1.vector_index import normalize
 
 DIM = 8
@@ -71,40 +72,48 @@ def test_ttl_expires_on_read_and_on_sweep() -> None:
     assert "short" not in cache.policy and "long" not in cache.policy
 
 
-def test_semantic_hit_needs_the_entry_tolerance(cache: L1Cache) -> None:
+def near(cache: L1Cache, q: np.ndarray, **kwargs: Any) -> list[L1Hit]:
+    """`semantic_candidates` for one query."""
+    return cache.semantic_candidates(np.asarray(q)[None, :], **kwargs)[0]
+
+
+def test_a_candidate_needs_the_entry_tolerance(cache: L1Cache) -> None:
     v = unit()
     cache.put("q", "answer", embedding=v, similarity_tolerance=0.9)
     for i in range(6):  # enough others to put the "ann" variant on its graph
         cache.put(f"other-{i}", "x", embedding=unit(), similarity_tolerance=0.99)
-    hit = cache.get_semantic(at_cosine(v, 0.91))
-    assert hit is not None and hit.key == "q" and not hit.exact
-    assert hit.similarity == pytest.approx(0.91, abs=1e-4)
-    assert cache.get_semantic(at_cosine(v, 0.89)) is None
+    found = near(cache, at_cosine(v, 0.91), entry_floor=True)
+    assert [h.key for h in found] == ["q"] and not found[0].exact
+    assert found[0].similarity == pytest.approx(0.91, abs=1e-4)
+    assert near(cache, at_cosine(v, 0.89), entry_floor=True) == []
 
 
-def test_caller_tolerance_only_tightens(cache: L1Cache) -> None:
+def test_min_similarity_only_tightens_the_entry_floor(cache: L1Cache) -> None:
     v = unit()
     cache.put("q", "answer", embedding=v, similarity_tolerance=0.9)
     q = at_cosine(v, 0.93)
-    assert cache.get_semantic(q, tolerance=0.95) is None  # caller stricter: miss
-    assert cache.get_semantic(q, tolerance=0.5) is not None  # caller looser: entry's 0.9 holds
-    assert cache.get_semantic(at_cosine(v, 0.8), tolerance=0.5) is None
+    assert near(cache, q, min_similarity=0.95) == []  # caller stricter: none
+    assert [h.key for h in near(cache, q, min_similarity=0.5)] == ["q"]  # caller looser: entry's 0.9 holds
+    far = at_cosine(v, 0.8)
+    assert near(cache, far, min_similarity=0.5) == []
+    assert [h.key for h in near(cache, far, min_similarity=0.5, floor_margin=0.15)] == ["q"]
+    assert [h.key for h in near(cache, far, min_similarity=0.5, entry_floor=False)] == ["q"]
 
 
-def test_a_lenient_runner_up_answers_when_the_nearest_is_strict(cache: L1Cache) -> None:
+def test_a_lenient_runner_up_is_a_candidate_when_the_nearest_is_strict(cache: L1Cache) -> None:
     v = unit()
     cache.put("strict", "s", embedding=at_cosine(v, 0.99), similarity_tolerance=0.999)
     cache.put("lenient", "l", embedding=at_cosine(v, 0.95), similarity_tolerance=0.8)
-    hit = cache.get_semantic(v)
-    assert hit is not None and hit.key == "lenient"
+    assert [h.key for h in near(cache, v)] == ["lenient"]
+    assert [h.key for h in near(cache, v, entry_floor=False)] == ["strict", "lenient"]
 
 
-def test_semantic_lookup_can_be_limited_to_a_model(cache: L1Cache) -> None:
+def test_semantic_candidates_can_be_limited_to_a_model(cache: L1Cache) -> None:
     v = unit()
     cache.put("a", "from-7b", embedding=v, model="llama-7b")
-    assert cache.get_semantic(v, model="llama-13b") is None
-    hit = cache.get_semantic(v, model="llama-7b")
-    assert hit is not None and hit.value == "from-7b"
+    assert near(cache, v, model="llama-13b") == []
+    found = near(cache, v, model="llama-7b")
+    assert [h.value for h in found] == ["from-7b"]
 
 
 def test_semantic_entries_expire(cache: L1Cache) -> None:
@@ -112,7 +121,7 @@ def test_semantic_entries_expire(cache: L1Cache) -> None:
     cache.put("q", "answer", embedding=v, ttl_hint_ms=50)
     assert isinstance(cache.clock, Clock)
     cache.clock.now += 50
-    assert cache.get_semantic(v) is None
+    assert near(cache, v) == []
     assert len(cache) == 0 and (cache.index is not None and len(cache.index) == 0)
 
 
@@ -123,21 +132,24 @@ def test_batched_lookups_agree_with_single_ones(cache: L1Cache) -> None:
     keys = [f"k{i}" for i in range(0, 25, 2)]
     assert cache.get_many(keys) == [cache.get(k) for k in keys]
     queries = np.stack([at_cosine(v, 0.97) for v in vecs[:10]] + [unit() for _ in range(3)])
-    batch = cache.get_semantic_many(queries)
-    singles = [cache.get_semantic(q) for q in queries]
-    assert [h and h.key for h in batch] == [h and h.key for h in singles]
-    assert [h.key for h in batch[:10] if h] == [f"k{i}" for i in range(10)]
+    batch = cache.semantic_candidates(queries)
+    singles = [near(cache, q) for q in queries]
+    assert [[h.key for h in found] for found in batch] == [[h.key for h in found] for found in singles]
+    assert [found[0].key for found in batch[:10]] == [f"k{i}" for i in range(10)]
 
 
-def test_lookup_tries_exact_then_semantic(cache: L1Cache) -> None:
+def test_a_candidate_counts_as_a_hit_once_served(cache: L1Cache) -> None:
     v = unit()
     cache.put("prompt:1", "answer", embedding=v)
-    exact = cache.lookup("prompt:1", v)
-    assert exact is not None and exact.exact and exact.similarity == 1.0
-    near = cache.lookup("prompt:paraphrase", at_cosine(v, 0.97))
-    assert near is not None and near.key == "prompt:1" and not near.exact
-    assert cache.lookup("prompt:nothing") is None
-    assert cache.stats().misses == 1
+    assert cache.get("prompt:1") == "answer"
+    assert cache.get("prompt:paraphrase") is None
+    found = near(cache, at_cosine(v, 0.97))
+    assert [h.key for h in found] == ["prompt:1"] and not found[0].exact
+    assert cache.stats().semantic_hits == 0  # a candidate is not a hit until served
+    cache.note_semantic_hit("prompt:1")
+    assert near(cache, -v) == []  # nothing near: a miss
+    s = cache.stats()
+    assert (s.exact_hits, s.semantic_hits, s.misses) == (1, 1, 2)
 
 
 def test_byte_capacity_evicts_least_recently_used() -> None:
@@ -224,7 +236,7 @@ def test_policy_rejection_leaves_nothing_behind() -> None:
     policy.next_victims = [Eviction("k", "rejected")]
     v = unit()
     assert cache.put("k", b"v", embedding=v) == [Eviction("k", "rejected")]
-    assert "k" not in cache and cache.get_semantic(v) is None and cache.bytes_used == 0
+    assert "k" not in cache and near(cache, v) == [] and cache.bytes_used == 0
 
 
 def test_policy_capacity_must_match() -> None:
@@ -269,7 +281,7 @@ def test_semantic_needs_a_dimension_and_values_need_a_size() -> None:
         cache.put("k", b"v", embedding=np.ones(4))
     with pytest.raises(TypeError, match="size_bytes"):
         cache.put("k", object())
-    assert cache.get_semantic(np.ones(4)) is None
+    assert cache.semantic_candidates(np.ones((1, 4))) == [[]]
 
 
 def test_slots_are_reused_after_churn() -> None:

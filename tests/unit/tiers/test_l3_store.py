@@ -39,9 +39,9 @@ async def test_without_pgvector_l3_warns_and_answers_exact_keys_only(
     assert not store.semantic
     assert any("pgvector is not available" in r.getMessage() for r in caplog.records)
     vec = np.ones(4, dtype=np.float32)
-    assert await store.search(vec, 0) is None
+    assert await store.neighbours(vec, 0) == []
     assert db.queries == []
-    assert await store.find("k", vec, 0) is None
+    assert await store.find_neighbours("k", vec, 0) == (None, [])
     assert len(db.queries) == 1 and "<=>" not in db.queries[0] and "d.key = $1" in db.queries[0]
     # The plain real[] column gets a list, and a wrong dimension is refused before any SQL.
     assert store._embedding_param(vec) == [1.0, 1.0, 1.0, 1.0]
