@@ -83,7 +83,7 @@ def test_a_candidate_needs_the_entry_tolerance(cache: L1Cache) -> None:
     for i in range(6):  # enough others to put the "ann" variant on its graph
         cache.put(f"other-{i}", "x", embedding=unit(), similarity_tolerance=0.99)
     found = near(cache, at_cosine(v, 0.91), entry_floor=True)
-    assert [h.key for h in found] == ["q"] and not found[0].exact
+    assert [h.key for h in found] == ["q"]
     assert found[0].similarity == pytest.approx(0.91, abs=1e-4)
     assert near(cache, at_cosine(v, 0.89), entry_floor=True) == []
 
@@ -144,7 +144,7 @@ def test_a_candidate_counts_as_a_hit_once_served(cache: L1Cache) -> None:
     assert cache.get("prompt:1") == "answer"
     assert cache.get("prompt:paraphrase") is None
     found = near(cache, at_cosine(v, 0.97))
-    assert [h.key for h in found] == ["prompt:1"] and not found[0].exact
+    assert [h.key for h in found] == ["prompt:1"]
     assert cache.stats().semantic_hits == 0  # a candidate is not a hit until served
     cache.note_semantic_hit("prompt:1")
     assert near(cache, -v) == []  # nothing near: a miss
