@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import httpx
 import numpy as np
 from cachemesh_client.blockframe import MEDIA_TYPE, FetchedBlock, encode_blocks
 from cachemesh_client.kvkeys import KEY_PREFIX
@@ -52,6 +53,8 @@ class DemoReport:
     block_writes_failed: int = 0
     puts: int = 0
     writes_refused: int = 0  # puts the node still refused after waiting as it said (503 Retry-After)
+    # Calls with no answer (a timeout, a dropped connection, a 5xx): counted, and the demo goes on.
+    calls_failed: int = 0
     rewrites: int = 0
     asked: int = 0
     labels: int = 0  # explored misses the demo, knowing the answers, labelled (as the gateway does)
@@ -78,6 +81,7 @@ class DemoReport:
             "blocks_stored": self.blocks_stored,
             "puts": self.puts,
             "writes_refused": self.writes_refused,
+            "calls_failed": self.calls_failed,
             "asked": self.asked,
             "labels": self.labels,
             "chats": self.chats,
@@ -106,6 +110,11 @@ class DemoReport:
             *(
                 [("writes refused (the node's L3 was unavailable)", str(self.writes_refused))]
                 if self.writes_refused
+                else []
+            ),
+            *(
+                [("calls without an answer (timeout, dropped connection, 5xx)", str(self.calls_failed))]
+                if self.calls_failed
                 else []
             ),
             ("questions asked", str(self.asked)),
@@ -234,6 +243,7 @@ MEANING = {
     "KV blocks stored as the trace computed them": "the demo stands in for the engine's KV connector",
     "answers put / source documents rewritten": "each answer cites a document; a rewrite invalidates it",
     "writes refused (the node's L3 was unavailable)": "503s left after waiting as the node said",
+    "calls without an answer (timeout, dropped connection, 5xx)": "counted and passed over: a loaded machine",
     "questions asked": "paraphrases, word-for-word repeats and questions nothing answers",
     "explored misses labelled (the node learns its threshold from them)": (
         "a paraphrase is served once labels bound its error"
@@ -372,15 +382,27 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
     done = 0
 
     async def ask(text: str, right: str | None = None) -> None:
-        got = await client.lookup(text=text, model=plan.model, include_value=False)
+        try:
+            got = await client.lookup(text=text, model=plan.model, include_value=False)
+        except (httpx.HTTPError, TiersError) as exc:
+            if isinstance(exc, TiersError) and exc.status < 500:
+                raise
+            report.calls_failed += 1
+            return
         report.asked += 1
         if got.explore_key is not None:
             try:
                 await client.feedback(got.explore_key, text, correct=got.explore_key == right, explored=True)
+            except httpx.HTTPError:
+                report.calls_failed += 1
+                return
             except TiersError as exc:
-                if exc.status != 404:
+                if exc.status == 404:
+                    return  # the entry went meanwhile (a rewritten source invalidated it): nothing to label
+                if exc.status < 500:
                     raise
-                return  # the entry went meanwhile (a rewritten source invalidated it): nothing to label
+                report.calls_failed += 1
+                return
             report.labels += 1
 
     async def put(key: str, value: str, **kw: Any) -> bool:
@@ -390,6 +412,9 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
             try:
                 await client.put(key, value, model=plan.model, **kw)
                 return True
+            except httpx.HTTPError:
+                report.calls_failed += 1
+                return False
             except TiersError as exc:
                 if exc.status != 503 or exc.retry_after_s is None or attempt == 3:
                     report.writes_refused += 1

@@ -38,12 +38,12 @@ def test_a_stand_in_block_is_a_kv_block_value_of_its_model() -> None:
 def test_every_figure_of_the_summary_says_what_it_means() -> None:
     from infra.demo import MEANING, DemoReport
 
-    report = DemoReport(writes_refused=1, delta_t_ms=[1, 2], chats=4, chat_hits=2)
+    report = DemoReport(writes_refused=1, calls_failed=1, delta_t_ms=[1, 2], chats=4, chat_hits=2)
     report.before = {"lookups": 0, "hits_by_tier": {}}
     report.after = {"lookups": 4, "hits": 2, "hits_by_tier": {"l1:semantic": 2}}
     report.board_after = {
         k: 1 for k in ("warmup_decisions", "invalidations", "heat_decisions", "drift_clusters")
     }
     whats = [what for what, _ in report.rows() if not what.startswith("  ")]  # per-tier lines indent
-    assert len(whats) == 17
+    assert len(whats) == 18
     assert [w for w in whats if w not in MEANING] == []
