@@ -1,19 +1,11 @@
 """Turns the Mooncake trace into cache events, plants drift patterns, and replays them into Kafka.
 
 Deterministic: the same records and config give the same events, ids included, so a test can
-compute the expected windows offline from exactly what it sent.
-
-Per Mooncake request (`timestamp` ms, `input_length`, `hash_ids`: prefix-chained 512-token blocks),
-at `base_ms + timestamp * time_scale`:
-- one `kv_block` access per block, hit or miss from a prefix-cache replay (the longest resident
-  prefix of `hash_ids` hits, then every block is inserted or touched, LRU; shared/data README);
-- a prompt lookup cascading through the three layers (seed §2.3; see `penetration.py`): the
-  model layer (exact prompt, LRU), on a miss the sequence layer (same first block within the same
-  length bucket, LRU per bucket), on a miss the token layer (first block, LRU-2). A token-layer miss
-  is a penetration and pays the prefill, 20 ms + 8 us per input token, which spikes above 320 ms
-  for prompts beyond ~37k tokens; the token entry is then stored again (`KvBlockStored`), the
-  warm time a later spike on it is measured against.
-Shard, model, service and call depth derive from the first block and the request index.
+compute the expected windows offline from exactly what it sent. Per Mooncake request, at
+`base_ms + timestamp * time_scale`: one `kv_block` access per block (hit or miss from an LRU
+prefix-cache replay) and a prompt lookup cascading through the three layers of `penetration.py`
+(docs/design.md §2.3); a token-layer miss pays a prefill of 20 ms + 8 us per input token. What each
+layer keys on, and where spikes and warm times come from: docs/streams.md ("The event generator").
 """
 
 from __future__ import annotations
@@ -279,7 +271,7 @@ def pulse_events(
     call_depth: int = 6,
     prefix: str = "pulse",
 ) -> list[CacheAccessed]:
-    """A burst: `keys` new keys hammered from one service for `duration_ms` (seed §2.4: pulse)."""
+    """A burst: `keys` new keys hammered from one service for `duration_ms` (docs/design.md §2.4: pulse)."""
     return _planted(
         start_ms, keys, duration_ms, per_key_per_s, prefix, lambda n, k: service,
         hit=False, tier="l1", latency_ms=4.0, shard=shard, call_depth=call_depth, model="llama-7b",
@@ -297,7 +289,8 @@ def migration_events(
     call_depth: int = 4,
     prefix: str = "migr",
 ) -> list[CacheAccessed]:
-    """A steady set of keys whose callers move across every service over time (seed §2.4: migrating)."""
+    """A steady set of keys whose callers move across every service over time (docs/design.md §2.4:
+    migrating)."""
     return _planted(
         start_ms, keys, duration_ms, per_key_per_s, prefix, lambda n, k: services[(n + k) % len(services)],
         hit=True, tier="l1", latency_ms=0.5, shard=shard, call_depth=call_depth, model="llama-13b",

@@ -1,7 +1,7 @@
 """tansu, the zero-JVM quick-start broker: a Kafka-protocol server in Rust with in-memory storage.
 
-Known gaps (DESIGN.md §4): no idempotent/transactional producer, approximate end_offsets, slow group joins,
-no CreatePartitions. Tests that need those run on Apache Kafka.
+Known gaps (docs/design.md §7): no idempotent/transactional producer, approximate end_offsets, slow group
+joins, no CreatePartitions. Tests that need those run on Apache Kafka.
 """
 
 from __future__ import annotations

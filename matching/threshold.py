@@ -1,32 +1,18 @@
 """A similarity threshold learned from feedback, bounding by δ the error rate of what is served.
 
-Reference: "vCache: Verified Semantic Prompt Caching" (2025) for the shape (a per-entry threshold,
-learned online from labels, under a user-set δ; exploration when unsure); the pooled part bounds the
-served error directly, as in distribution-free risk control ("Learn then Test", Angelopoulos et al.
-2021), instead of through a fitted P(correct | similarity) curve.
-
-Pooled: serve at or above the lowest grid similarity t where a one-sided Wilson upper bound (z_conf,
-95% by default) on the error rate among labelled candidates with similarity >= t is at most δ; that
-rate is what serving from t yields. Labels are weighted by the inverse of the chance they were taken
-(Horvitz-Thompson): explorations by 1/explore_rate, ratings of served answers by served/rated, so that
-a band sampled rarely counts as much as it occurs; the bound uses the effective sample size.
-`model` "sigmoid" (the node's choice) certifies instead with a pooled sigmoid of P(correct | s) fitted
-across entries (matching/calibration.py): its upper bound on the served error, and never below the error
-rate the labels above t show; "sigmoid-point" bounds P(wrong | t) at the threshold itself (vCache's
-rule, stricter). bench/semantic.py, test half: at δ 5% the sigmoid hits 60% of paraphrases (tail: 20%).
-Per entry, on top: a candidate of an entry is never served at or below a similarity where that entry's
-own labels say it was wrong; entries without labels use the pooled threshold alone.
-Exploration: every candidate from `explore_floor` up to its serving threshold is explored with
-probability `explore_rate` (from the first request: below the threshold the model is asked anyway, so
-an exploration costs only comparing the answers). What the node does not know counts as risk: until
-the pool holds `min_labels` labels it is cold and serves nothing by similarity alone (it explores), and
-once warm it serves only where the bound certifies δ. `cold_threshold` lets a deployment that accepts
-the risk serve a cold pool from a similarity of its choosing: no similarity is safe everywhere (on the
-public paraphrase sets, 22-98% of the best candidates at cosine >= 0.99 are labelled wrong).
+Reference: "vCache: Verified Semantic Prompt Caching" (2025) for the shape (a per-entry threshold learned
+online from labels under a user-set δ, exploring when unsure); the pooled part bounds the served error
+directly, as in distribution-free risk control ("Learn then Test", Angelopoulos et al. 2021). Serve at
+or above the lowest grid similarity where a one-sided Wilson upper bound on the error among labelled
+candidates at or above it is at most δ (labels weighted by the inverse of the chance they were taken);
+`model` "sigmoid" bounds a pooled sigmoid of P(correct | s) instead (matching/calibration.py),
+"sigmoid-point" bounds P(wrong | t) at the threshold (vCache's rule). An entry's own wrong labels raise
+its threshold; a pool with fewer than `min_labels` labels serves nothing by similarity and explores.
 
 Parameters (defaults): δ 0.02 (vCache's default), z_conf 1.645 (one-sided 95%), explore_rate 0.3,
 explore_floor 0.7, cold_threshold None, min_labels 20, grid step 0.005, 32 labels kept per entry,
 4,096 in the pool. Pure: the caller passes the random draw and persists `to_dict()`.
+How it decides, in full: docs/tiers.md ("How the learned threshold decides").
 """
 
 from __future__ import annotations

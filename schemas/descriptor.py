@@ -1,4 +1,5 @@
-"""The cache descriptor every entry carries (DESIGN.md §1); stored in Postgres, values live in tiers."""
+"""The cache descriptor every entry carries (docs/design.md §1.1); stored in Postgres, values live in
+tiers."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ MAX_TAGS = 64
 MAX_DEPENDENCIES = 256
 
 
-# The cosine a semantic match must reach when neither the entry nor the request says (seed §1.1's
-# example). The one place this default is written; everything else imports it.
+# The cosine a semantic match must reach when neither the entry nor the request says (the source's
+# example, docs/design.md §1.1). The one place this default is written; everything else imports it.
 DEFAULT_SIMILARITY_FLOOR = 0.92
 
 

@@ -1,4 +1,4 @@
-"""Every v1 event cachemesh puts on Kafka, defined once (DESIGN.md §2).
+"""Every v1 event cachemesh puts on Kafka, defined once (docs/design.md §5).
 
 Events are pydantic v2 models with a discriminated `type`. Names are past tense. Within v1 only
 optional fields may be added; `schemas/golden/` holds one payload per type that must keep validating.
@@ -186,7 +186,7 @@ class KvBlockRemoved(Event):
 
 
 class AttentionHeatReported(Event):
-    """Per-head activation/gradient magnitudes for one step (seed §3.1 head-heat sharding)."""
+    """Per-head activation/gradient magnitudes for one step (head-heat sharding, docs/design.md §3.1)."""
 
     topic: ClassVar[str] = "kv.events.v1"
     key_field: ClassVar[str] = "block_hash"
@@ -207,7 +207,7 @@ class AttentionHeatReported(Event):
 
 class CacheInvalidated(Event):
     """A write or delete: every node drops entries at least `similarity_threshold` similar
-    (seed §1.3 write-with-sync). Without an embedding only the exact key goes."""
+    (write-with-sync, docs/design.md §1.3). Without an embedding only the exact key goes."""
 
     topic: ClassVar[str] = "cache.invalidate.v1"
     key_field: ClassVar[str] = "key"
@@ -220,7 +220,7 @@ class CacheInvalidated(Event):
     similarity_threshold: Score | None = None
     trace_id: str | None = None
     origin_node_id: str | None = None
-    # 1 = the immediate delete, 2 = the delayed second delete (seed §4.4 delayed double delete).
+    # 1 = the immediate delete, 2 = the delayed second delete (delayed double delete, docs/design.md §4.4).
     attempt: Annotated[int, Field(ge=1, le=2)] = 1
     # The written entry's prompt, when known: receiving nodes run the match guards with it, so a write
     # does not drop a neighbour that asks the opposite question.
@@ -243,7 +243,7 @@ class ConversationStarted(Event):
 
 
 class ConversationEnded(Event):
-    """The conversation is over: entries bound to `trace_id` go (seed §1.2 context lifecycle)."""
+    """The conversation is over: entries bound to `trace_id` go (context lifecycle, docs/design.md §1.2)."""
 
     topic: ClassVar[str] = "context.lifecycle.v1"
     key_field: ClassVar[str] = "trace_id"
@@ -330,7 +330,7 @@ class WindowComputed(Event):
 
 
 class RequestPenetrated(Event):
-    """A request missed the model, sequence and token layers (seed §2.3): warm it up."""
+    """A request missed the model, sequence and token layers (docs/design.md §2.3): warm it up."""
 
     topic: ClassVar[str] = "stream.window.v1"
     key_field: ClassVar[str] = "shard"
@@ -344,7 +344,7 @@ class RequestPenetrated(Event):
 
 
 class LatencySpikeDetected(Event):
-    """RTT above the spike threshold (seed §2.5: 320 ms) and the warmup mismatch Δt."""
+    """RTT above the spike threshold (320 ms, docs/design.md §2.5) and the warmup mismatch Δt."""
 
     topic: ClassVar[str] = "stream.window.v1"
     key_field: ClassVar[str] = "shard"
@@ -362,7 +362,7 @@ class LatencySpikeDetected(Event):
 
 
 class DriftClustered(Event):
-    """A DBSCAN cluster of keys in one window and its pattern (seed §2.4)."""
+    """A DBSCAN cluster of keys in one window and its pattern (docs/design.md §2.4)."""
 
     topic: ClassVar[str] = "stream.drift.v1"
     key_field: ClassVar[str] = "cluster_id"
@@ -396,7 +396,7 @@ class _TierCommand(Event):
 
 
 class WarmupRequested(_TierCommand):
-    """Prefetch `keys` into `tier` so the load lands before the traffic peak (seed §2.5, §3.3)."""
+    """Prefetch `keys` into `tier` so the load lands before the traffic peak (docs/design.md §2.5, §3.3)."""
 
     type: Literal["tier.warmup_requested"] = "tier.warmup_requested"
     tier: Tier = "l1"
@@ -448,7 +448,8 @@ class WarmupDecided(Event):
 
 
 class WarmupMeasured(Event):
-    """Δt = t_peak - t_warm of one warmup (seed §2.5): >= 0 means the load landed before the peak."""
+    """Δt = t_peak - t_warm of one warmup (docs/design.md §2.5): >= 0 means the load landed before the
+    peak."""
 
     topic: ClassVar[str] = "warmup.records.v1"
     key_field: ClassVar[str] = "shard"
@@ -478,7 +479,7 @@ class WarmupApplied(Event):
 
 
 class ShardPlanned(Event):
-    """Head-heat sharding (seed §3.1): each attention head's score and class, for routing."""
+    """Head-heat sharding (docs/design.md §3.1): each attention head's score and class, for routing."""
 
     topic: ClassVar[str] = "warmup.records.v1"
     key_field: ClassVar[str] = "model"
@@ -496,9 +497,10 @@ TierMode = Literal["normal", "local_only"]
 
 
 class TierModeChanged(Event):
-    """A tier node changed how it serves (release safety, seed §4.4): `local_only` when its hit rate over
-    the window fell below `enter_below` (other nodes' L2 is no longer asked), `normal` once the rate held
-    at `exit_at` or above for the hold. `hit_rate`, `hits` and `lookups` are the window's at the change."""
+    """A tier node changed how it serves (release safety, docs/design.md §4.4): `local_only` when its hit
+    rate over the window fell below `enter_below` (other nodes' L2 is no longer asked), `normal` once the
+    rate held at `exit_at` or above for the hold. `hit_rate`, `hits` and `lookups` are the window's at the
+    change."""
 
     topic: ClassVar[str] = "tier.status.v1"
     key_field: ClassVar[str] = "node_id"

@@ -1,6 +1,6 @@
-"""The burst experiment of seed §2.2: a Zipf workload whose hottest ranks jump to never-seen keys.
+"""The burst experiment of docs/design.md §2.2: a Zipf workload whose hottest ranks jump to never-seen keys.
 
-Scenario (seed §2.2, DESIGN §3): Zipf(0.9) over 10,000 keys, capacity 500, 200,000 requests; at
+Scenario, as the source describes it: Zipf(0.9) over 10,000 keys, capacity 500, 200,000 requests; at
 request 100,000 the 100 hottest ranks move to new keys. Metrics, per policy, from its hit mask:
 - requests to residency: for each new hot key, how many of its own requests it needs until it
   stays resident (the position of its last miss; 1 means only the compulsory miss);

@@ -1,25 +1,12 @@
 """Hot/cold key drift: per-key features, DBSCAN per window, and pulse / migrating / stable labels
-(seed §2.4; DESIGN.md §3).
+(docs/design.md §2.4).
 
-Features per key and window (the seed's `build_feature`):
-  [log1p(count in window), exp(-0.1 * seconds since the key's last access), call depth]
-Clustering: DBSCAN (not k-means: the number of drift groups is not known and noise keys stay
-unclustered) with eps taken from the window's own spread -- eps = eps_scale * RMS distance of the
-keys to their centroid -- so a quiet window and a busy one are judged on their own scale. Features
-are rounded to 0.01 (far below any eps) and identical rows clustered once with a weight.
-
-A cluster is described by:
-- duration: the median, over its keys, of how long each key has been continuously active (a key's
-  run ends when it is absent from a whole hopping window);
-- variance: the squared coefficient of variation of the cluster's per-second access counts across
-  the window (a burst from nothing is >= 1; steady traffic is near 0);
-- service spread: the share of the window's calling services that touched the cluster's keys.
-
-Labels (seed table): pulse = duration < 8 s, high variance (>= 1), spread < 15%;
-migrating = 30-120 s, medium variance (< 1), spread > 65%; anything else is stable. Drift is about
-hot keys: only keys accessed at least `min_key_accesses` times in the window are clustered (the
-blocks of one long prompt, touched once each, are not a pattern, and they are most of a window);
-the service spread is still measured against every service the window saw.
+Features per key and window: [log1p(count in window), exp(-0.1 * seconds since the key's last access),
+call depth], for keys accessed at least `min_key_accesses` times. DBSCAN (Ester, Kriegel, Sander & Xu,
+KDD 1996) with eps = eps_scale * RMS distance of the keys to their centroid, so each window is judged on
+its own scale. Labels: pulse = duration < 8 s, variance >= 1, service spread < 15%; migrating = 30-120 s,
+variance < 1, spread > 65%; anything else is stable. What duration, variance and spread measure:
+docs/streams.md ("Drift clusters").
 """
 
 from __future__ import annotations

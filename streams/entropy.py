@@ -1,4 +1,4 @@
-"""Shannon entropy, in bits, of the key distribution inside a window (seed §3.3).
+"""Shannon entropy, in bits, of the key distribution inside a window (docs/design.md §3.3).
 
 The warmup trigger reads it next to QPS: 2.1 < H < 3.8 bits is the "predictable enough to warm"
 band. The sum is taken with `math.fsum` over per-key terms, so the result does not depend on the

@@ -1,21 +1,13 @@
-"""Three-layer penetration tracing (seed §2.3): model, sequence and token layer caches.
+"""Three-layer penetration tracing (docs/design.md §2.3): model, sequence and token layer caches.
 
-A prompt is looked up layer by layer and only goes one layer down on a miss (the seed's
-`traceCachePenetration`), so a `CacheAccessed` with `layer` set describes one lookup in that layer:
-`hit=True` means the layer served it, `hit=False` means it went on to the next layer. A miss in the
-token layer, the last one, therefore means the request missed all three: it *penetrated*, and the
-warmup service is told (`RequestPenetrated`). Accesses without a layer (tier lookups, KV blocks)
-count towards QPS and hit rates but not towards penetration.
-
-Per layer and window: the penetration rate (misses / lookups; the seed observed 0.37% model, 2.15%
-sequence, 18.6% token) and the latency a miss adds (mean miss latency - mean hit latency; the mean
-miss latency when nothing hit).
-
-The layers themselves, as the generator simulates them:
-- model: exact prompts, key `model:<name>:<version>:<hash(query)>`, sharded by that hash;
-- sequence: bucketed by token length (1-64, 65-256, 257-1024, ... each bucket 4x the last) so long
-  sequences cannot crowd short ones out;
-- token: LRU-K with K=2 (an entry is judged by its second most recent use).
+A `CacheAccessed` with `layer` set is one lookup in that layer (a prompt goes one layer down on each
+miss): `hit=False` means it went on to the next layer, so a miss in the token layer, the last, means the
+request missed all three: it *penetrated*, and warmup is told (`RequestPenetrated`). Accesses without a
+layer (tier lookups, KV blocks) count towards QPS and hit rates only. Per layer and window: the
+penetration rate (misses / lookups) and the latency a miss adds (mean miss latency - mean hit latency;
+the mean miss latency when nothing hit). The layers, as the generator simulates them: model (exact
+prompt, key `model:<name>:<version>:<hash(query)>`), sequence (buckets by token length 1-64, 65-256,
+257-1024, ..., each 4x the last), token (LRU-K with K=2).
 """
 
 from __future__ import annotations
@@ -38,7 +30,7 @@ def query_hash(query: str | bytes, length: int = 16) -> str:
 
 
 def model_layer_key(model: str, version: str, query: str | bytes) -> str:
-    """`model:<name>:<ver>:<hash(query)>` (seed §2.3)."""
+    """`model:<name>:<ver>:<hash(query)>` (docs/design.md §2.3)."""
     return f"model:{model}:{version}:{query_hash(query)}"
 
 

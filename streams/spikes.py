@@ -1,9 +1,9 @@
-"""Latency spikes and the warmup-window mismatch (seed §2.5).
+"""Latency spikes and the warmup-window mismatch (docs/design.md §2.5).
 
 A spike is an access whose RTT exceeds 320 ms. The mismatch Delta_t = t_peak - t_warm compares when
 the spike hit (t_peak) with when the key was last warmed (t_warm: the latest `KvBlockStored` for it):
 positive means the warm load landed before the peak, negative that it came too late, and a large
-positive value that it was evicted again before traffic arrived. The seed's warmup window is
+positive value that it was evicted again before traffic arrived. The design's warmup window is
 200-500 ms, and warmup should start at request time + 1.2 * P95 dependency latency (`warm_start_ms`).
 
 One spike event per key and shard per `cooldown_ms` of event time keeps a slow dependency from
@@ -24,7 +24,7 @@ WARM_START_P95_FACTOR = 1.2
 
 
 def warm_start_ms(request_ms: int, p95_dependency_latency_ms: float) -> int:
-    """When to start warming so the load meets the peak: request time + 1.2 * P95 (seed §2.5)."""
+    """When to start warming so the load meets the peak: request time + 1.2 * P95 (docs/design.md §2.5)."""
     return request_ms + round(WARM_START_P95_FACTOR * p95_dependency_latency_ms)
 
 

@@ -1,5 +1,5 @@
 """Event-time windows over cache accesses: window boundaries, the mergeable per-pane aggregate and
-the statistics of a window (DESIGN.md §3; seed §2.3, §3.3).
+the statistics of a window (docs/design.md §2.3, §3.3).
 
 Time is `occurred_at_ms`, never the clock of the machine that counts, so a replay and the live
 stream agree. Everything is built from 1 s *panes* aligned to the epoch: the tumbling 1 s window is
@@ -110,7 +110,7 @@ def group_label(group: Group) -> str:
 
 @dataclass(slots=True)
 class KeyActivity:
-    """One key inside one pane, for drift features (seed §2.4)."""
+    """One key inside one pane, for drift features (docs/design.md §2.4)."""
 
     count: int = 0
     first_ms: int = 0

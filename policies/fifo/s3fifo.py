@@ -2,21 +2,14 @@
 and a ghost FIFO of keys evicted from the small one, counting entries (sizes are ignored).
 
 Reference: Yang, Zhang, Qiu, Yue & Rashmi, "FIFO queues are all you need for cache eviction",
-SOSP 2023, Algorithm 1, with the authors' libCacheSim implementation (S3FIFO.c) settling what the
-pseudo-code leaves open. Parameters: the small queue holds `small_ratio` (10%) of the capacity, main
-the rest; the ghost remembers `ghost_ratio` (90%, main's size) of the capacity in keys. A hit adds
-one to the entry's frequency (capped at 3); nothing moves. A newcomer enters the small queue, or main
-if its key is a ghost. To evict: from main while main holds more than its share (or small is empty),
-else from small. Small's tail moves to main (frequency reset) if it was hit at least
-`move_threshold` (2) times, else it leaves and its key joins the ghost; main's tail with a non-zero
-frequency is reinserted at the head one lower, else it leaves. A key moved into main does not evict
-by itself: main's overflow is paid by the next eviction.
-
-`fill_main_first` reproduces libCacheSim's later variant (insert into main while the cache has
-never evicted and small is full), hit for hit; the default is the paper's (always into small). The
-variant matters on loops: the keys that fill main while warming up are never evicted unless main
-overflows, which only ghost hits make it do, so a loop longer than small + ghost keeps hitting them
-(+9..45 pt on the LIRS loop and scan traces), where the paper's version hits nothing.
+SOSP 2023, Algorithm 1; the authors' libCacheSim S3FIFO.c settles what the pseudo-code leaves open.
+Parameters: small holds `small_ratio` (10%) of the capacity, main the rest, the ghost `ghost_ratio` (90%)
+in keys; a hit adds one to the frequency (capped at 3). A newcomer enters small, or main if its key is a
+ghost. Evict from main while it holds more than its share (or small is empty), else from small: small's
+tail moves to main (frequency reset) if hit `move_threshold` (2) times, else leaves for the ghost; main's
+tail with a non-zero frequency is reinserted one lower. A key moved into main evicts nothing by itself.
+`fill_main_first` is libCacheSim's later variant (into main while the cache has never evicted and small
+is full), hit for hit; the default is the paper's. They differ on loops (docs/benchmarks.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Least-frequently-used eviction (in-cache counts, LRU among equal counts), size-aware.
 
 Reference: the classic LFU; counts live only while an entry is resident, so a formerly hot entry
-keeps its large count after the workload moves on (the pollution seed §2.2 measures). O(1) per
+keeps its large count after the workload moves on (the pollution docs/design.md §2.2 describes). O(1) per
 operation with one LRU-ordered bucket per count.
 """
 

@@ -6,12 +6,9 @@ priority log2(CRF) + lam * last access orders leaves as CRF decayed to now does,
 needs re-scoring: an entry whose priority no longer matches is stale and is dropped when met.
 
 `ChainReuse` adds weight * log2 P(re-used within the horizon | bucket) to a leaf's priority when it is
-queued, by whether the block was ever extended (some block named it as parent: a request's last
-block, often partial, never is). The probabilities are
-learned online from sampled accesses, as labels come due (the block was heard again within the
-horizon, or the horizon passed). bench/prefix_bounds.py measured why this pair: on the Mooncake trace a
-request's last block comes back 5% of the time against ~67% for the others; (count, depth) buckets
-learned online lost to LRFU alone at 10k and 20k blocks.
+queued, by whether the block was ever extended (some block named it as parent: a request's last block,
+often partial, never is), learned online from sampled accesses as labels come due (the block was heard
+again within the horizon, or the horizon passed). Why these buckets: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Per-entry heat features, kept in slot arrays so a whole cache is featurised in one numpy pass.
 
-Features (seed §1.2; all scaled to about [0, 1]): recency and inter-access gap on a log scale of a
+Features (docs/design.md §1.2; all scaled to about [0, 1]): recency and inter-access gap on a log scale of a
 logical clock (accesses heard), sketch frequency at the last access, hits while resident, the
 attention-head heat kv.events.v1 reported (and whether any was), size, TTL left, whether the
 entry's trace is still alive, prefix depth, resident children, and the heat of its semantic cluster

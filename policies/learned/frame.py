@@ -1,20 +1,16 @@
 """The heat frame: W-TinyLFU whose victims are chosen by a heat score, the panel's AI-native expert.
 
-Reference: Einziger et al., "Adaptive Software Cache Management", Middleware 2018 (the frame: an LRU
-window of `window_percent` (1%) of the capacity in front of a segmented LRU, probation and protected
-80%; TinyLFU admission); seed §1.2 for the heat. Differences from `tinylfu.WTinyLFU`:
-- Victim: among the `victim_candidates` (4) oldest probation entries, the one with the least heat.
-  The heat only reorders the tail of the queue: a key that was just admitted has no resident history
-  yet, and a learned score alone throws it out before it can earn any.
-- Admission: the window's candidate must be more frequent, by the count-min sketch, than the victim
-  it would displace; a key the doorkeeper has not seen before (frequency <= 1) never displaces a
-  victim with frequency >= `hot_frequency` (3); candidates with frequency >= 6 win 1 in 128 ties.
-- Heat: `heat(features) -> [0, 1]`, given by the owner (`HeatPolicy`: the online MLP once trained,
-  a recency/frequency prior before), scored on demand for the candidates of each duel. Features are
-  those of `features.FEATURES` from what the frame itself knows (recency, inter-access gap, sketch
-  frequency, hits while resident); the mesh's signals (attention, TTL, traces) stay with the owner.
-The sketch is shared with the owner, which counts every access before the frame hears it.
-Counts entries (sizes are ignored).
+Reference: Einziger et al., "Adaptive Software Cache Management", Middleware 2018 (an LRU window of
+`window_percent` (1%) of the capacity in front of a segmented LRU, protected 80%; TinyLFU admission);
+docs/design.md §1.2 for the heat. Differences from `wtinylfu.WTinyLFU`:
+- Victim: the least hot of the `victim_candidates` (4) oldest probation entries (heat only reorders the
+  tail: a key just admitted has no history yet, and a learned score alone would throw it out first).
+- Admission: the window's candidate must be more frequent than the victim by the count-min sketch; a
+  key the doorkeeper has not seen (frequency <= 1) never displaces a victim with frequency >=
+  `hot_frequency` (3); candidates with frequency >= 6 win 1 in 128 ties.
+- Heat: `heat(features) -> [0, 1]` from the owner (`HeatPolicy`), scored on demand for each duel from
+  what the frame knows (`features.FEATURES`: recency, inter-access gap, sketch frequency, hits).
+The sketch is shared with the owner, which counts every access first. Counts entries (sizes ignored).
 """
 
 from __future__ import annotations

@@ -1,43 +1,15 @@
 """The AI-native policy: a resident set that follows the best of a panel of experts, a learned heat
-score for every entry, and the mesh's lifecycle signals.
+score for every entry, and the mesh's lifecycle signals (docs/design.md §1.2).
 
-Seed §1.2, DESIGN §1/§3. How a miss is decided:
-1. Experts (`panel.py`): LIRS, LRU, ARC, W-TinyLFU and the heat frame (`frame.py`: W-TinyLFU whose
-   victims the heat model picks, the AI expert) are simulated side by side on the same accesses, as
-   miniatures on a 1/`shadow_sample` (4) spatial sample of the keys at that fraction of the capacity
-   (full-size below `shadow_min` (32) entries a miniature); the leader also runs full-size and
-   drives. (At 1/8, sprite's small but lasting LRU lead went unseen: up to 1.4 pt lost.) Pairwise hit
-   evidence picks the leader: LIRS until another expert wins significantly (with no evidence yet,
-   scan resistance is the safer bet).
-2. Admission: a missed key is cached when the leader cached it (an expert that bypasses a key makes
-   the cache bypass it too). A key enters only on its own miss: nothing is prefetched.
-3. Victim: entries of ended conversations and expired entries first; then the keys this cache holds
-   and the leader does not ("foreign" keys: after each of the leader's evictions exactly one, so the
-   resident set is the leader's); among several foreign keys, the coldest by heat. A new leader is
-   followed lazily, one foreign key per miss, and only when its lead outweighs the migration
-   (`migration_cost` (1.0) times the resident keys it does not hold).
-4. Heat: every entry carries the features of `features.py`; an online MLP (`scorer.py`) turns them
-   into heat (how soon it will be re-used), re-scoring the whole cache in one batch every
-   `rescore_ms` (100 ms) of trace time and learning from labels that come due. A fixed prior
-   (`prior_recency` * recency + the rest * frequency) scores until `warmup_labels` labels have
-   arrived. Heat chooses the heat frame's victims and the foreign key to drop, drives `scores()`
-   (keep / evict / keep-alive for the tiers), and spreads over semantic clusters: an entry inherits
-   `cluster heat * exp(-distance / neighbour_tau)` from the hottest member of its cluster (kept
-   alive), and a victim whose whole cluster is colder than `cold_cluster` takes its cluster along.
-5. Prefix chains (`AccessMeta.parent` set, e.g. KV blocks): the first such block retires the panel
-   (its experts know no chains). Leaves go before roots, as in a radix tree; an orphan block is never
-   admitted; the victim is the leaf with the least combined recency-frequency (`chains.py`, LRFU,
-   half-life `chain_half_life` (3) capacities of accesses, kept for evicted blocks too) times the
-   learned probability that the block is re-used within 3 capacities given whether it was ever
-   extended (`chains.ChainReuse`, learned online from sampled accesses; `chain_reuse=False` or
-   `scorer="prior"` drops it): a request's last block, which no later request extends, goes first
-   once the traffic shows it is rarely re-used. On Mooncake this term adds +0.75 / +0.46 / +0.20 pt
-   at 5k / 10k / 20k blocks (bench/heat_ablation.py). The MLP does not order chains: it lost there.
-6. Context lifecycle: entries bound to an ended trace_id are evicted (or, lazily, go first); TTLs
-   expire entries the same way.
-Sizes are honoured (capacity in size units); the experts count entries, so with mixed sizes the
-cache may need more room than the leader's evictions free, and the coldest leaf goes.
-With `experts=()` there is no panel: the victim is always the coldest leaf by heat.
+On a miss the panel's leader decides (`panel.py`: LIRS, LRU, ARC, W-TinyLFU and the heat frame of
+`frame.py`, run as miniatures on a 1/`shadow_sample` (4) sample of the keys): a key is admitted when the
+leader admits it; the victim is an entry of an ended conversation or an expired one, else a key the leader
+does not hold, the coldest by heat (a new leader is followed once its lead outweighs `migration_cost`
+(1.0) per key it lacks). Heat: an online MLP (`scorer.py`) over `features.py`, re-scoring every
+`rescore_ms` (100 ms), a recency/frequency prior until `warmup_labels` labels; it spreads over semantic
+clusters (`neighbour_tau`, `cold_cluster`). Prefix chains retire the panel: leaves go first by LRFU
+(`chains.py`, half-life `chain_half_life` (3) capacities) times the learned re-use probability
+(`chains.ChainReuse`). Step by step: docs/heat.md ("How the AI-native policy decides").
 """
 
 from __future__ import annotations

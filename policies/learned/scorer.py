@@ -1,6 +1,6 @@
 """The heat scorer: a small torch MLP mapping entry features to P(re-use within a horizon), in [0, 1].
 
-Seed §1.2 ("a lightweight MLP scores online, updated every 100 ms"). Architecture: features -> 16 ->
+docs/design.md §1.2 ("a lightweight MLP scores online, updated every 100 ms"). Architecture: features -> 16 ->
 16 -> 1, tanh hidden units, sigmoid output, Adam (lr 5e-3), binary cross-entropy on labels from
 `ReuseLabeler`: a sampled entry is positive when it is heard again within `horizon` accesses. Training
 draws minibatches from a FIFO buffer of recent labels, so the model follows a drifting workload.

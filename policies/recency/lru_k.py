@@ -1,7 +1,7 @@
 """LRU-K eviction (K=2 by default), size-aware.
 
 Reference: O'Neil, O'Neil, Weikum, "The LRU-K page replacement algorithm for database disk
-buffering", SIGMOD 1993; seed §2.3 uses LRU-2 for the token layer. The victim is the resident entry
+buffering", SIGMOD 1993; the token layer of docs/design.md §2.3 uses LRU-2. The victim is the resident entry
 whose K-th most recent reference is oldest; entries with fewer than K references count as infinitely
 old and go first, least recent first (the paper's subsidiary policy). Reference history of evicted
 keys is retained for up to `history` keys (default: capacity) so a returning key keeps its past.

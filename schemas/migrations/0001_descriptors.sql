@@ -1,4 +1,4 @@
--- Cache descriptors (DESIGN.md §1): one row per entry; values live in the tiers.
+-- Cache descriptors (docs/design.md §1.1): one row per entry; values live in the tiers.
 CREATE TABLE IF NOT EXISTS cache_descriptors (
     key                    text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 512),
     kind                   text NOT NULL CHECK (kind IN ('prompt', 'embedding', 'kv_block')),

@@ -1,4 +1,4 @@
--- L3 values (DESIGN.md §1 L3): the LLM-aware serialization (tensor header + raw payload, see
+-- L3 values (docs/design.md §1.1): the LLM-aware serialization (tensor header + raw payload, see
 -- services/tiers/codec.py) byte for byte, one row per descriptor; deleting the descriptor deletes it.
 CREATE TABLE IF NOT EXISTS cache_values (
     key           text PRIMARY KEY REFERENCES cache_descriptors (key) ON DELETE CASCADE,

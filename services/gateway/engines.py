@@ -92,8 +92,8 @@ class Engine:
     metrics_url: str
     pool_blocks: int | None = None  # its KV pool (vllm:cache_config_info), once its /metrics said
     turnover: Turnover = field(default_factory=Turnover)
-    # The seed's FTL = base + m * delta, fit to the first-token times measured here (recent ones weigh
-    # more: a restart or another load changes them).
+    # FTL = base + m * delta (docs/design.md §2.1), fit to the first-token times measured here (recent
+    # ones weigh more: a restart or another load changes them).
     ftl: FtlFit = field(default_factory=lambda: FtlFit(forget=0.99))
     reach: Reach = field(default_factory=Reach)  # its last health probe
 

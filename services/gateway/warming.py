@@ -14,11 +14,11 @@ prompt blocks to the instance a warm lives `life = pool / rate`. A warm is used 
 within that life. The gateway sees every turn of the conversations it routes, so it knows the gaps
 between turns; at `elapsed` ms after a conversation's last request, the chance its turn falls within
 the warm's life is `P(elapsed + prefill < gap <= elapsed + life) / P(gap > elapsed)` over those gaps
-(`Gaps`), where `prefill` is how long the warm itself takes: the seed's FTL = base + m * delta, fit per
-instance to the first-token times the gateway measured there (m: the share of a prompt computed). A
-command is answered when that chance reaches `min_precision`, at the earliest moment it does, and
-dropped (`unlikely`) when it never does: with gaps much longer than a warm lives (a pool too small for
-the traffic) no timing makes warms pay, and none is sent. Until `Gaps` knows 20 gaps, the turn time
+(`Gaps`), where `prefill` is how long the warm itself takes: FTL = base + m * delta (docs/design.md
+§2.1), fit per instance to the first-token times the gateway measured there (m: the share of a prompt
+computed). A command is answered when that chance reaches `min_precision`, at the earliest moment it
+does, and dropped (`unlikely`) when it never does: with gaps much longer than a warm lives (a pool too
+small for the traffic) no timing makes warms pay, and none is sent. Until `Gaps` knows 20 gaps, the turn time
 the command carries (`deadline_ms`) is used: the warm goes `survive_fraction` of its life before it.
 A warm goes only to an idle instance (nothing in flight from here, nothing queued): a speculative
 prefill must never delay a real request; a busy instance is tried again every `retry_ms`. The turn
@@ -275,8 +275,8 @@ class EngineWarmer:
         """The prefills to send now. `idle`: which instances have nothing in flight or queued;
         `held(keys, instance)`: how many leading blocks of `keys` the instance holds; `survive_ms`: how
         long a warm lasts in the instance (Turnover), None while unknown; `ftl`: the instance's
-        first-token latency as (base_ms, delta_ms) of the seed's FTL = base + m * delta, fit to what it
-        answered (m: the share of the prompt it computes), None until fitted. A warm takes
+        first-token latency as (base_ms, delta_ms) of FTL = base + m * delta (docs/design.md §2.1), fit
+        to what it answered (m: the share of the prompt it computes), None until fitted. A warm takes
         base + m * delta to prefill, so the turn must come after that to find it done, and saves the
         turn m * delta."""
         out: list[Warm] = []

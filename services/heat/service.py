@@ -2,10 +2,9 @@
 every entry every 100 ms in which events arrived (an idle service does nothing), publishes changed
 decisions to `heat.scores.v1`, and checkpoints the model to Postgres (at start, periodically, at stop).
 
-Several heat services (each with its own `instance`) share the partitions of `cache.access.v1` and
-`kv.events.v1` through their consumer group: each decides the keys of its partitions. A rebalance
-revokes every partition and assigns some back; in between no decision goes out, and then the keys of
-the partitions that went to another owner are forgotten (engine.py's `forget`)."""
+Several heat services (each with its own `instance`) share the partitions through their consumer group,
+each deciding the keys of its own; after a rebalance the keys of the partitions that went to another
+owner are forgotten (engine.py's `forget`; docs/heat.md, "More than one heat service")."""
 
 from __future__ import annotations
 

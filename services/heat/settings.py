@@ -16,7 +16,7 @@ class HeatSettings(ServiceSettings):
     group_id: str = "heat"
     # Entries tracked (the resident set the policy manages on behalf of the tier nodes).
     capacity: Annotated[int, Field(gt=0)] = 100_000
-    # Seed §1.2: the MLP re-scores every 100 ms.
+    # docs/design.md §1.2: the MLP re-scores every 100 ms.
     rescore_interval_ms: Annotated[int, Field(gt=0)] = 100
     seed: int = 0
     # Model checkpoints in Postgres (`model_fits`), restored at start.

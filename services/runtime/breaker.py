@@ -5,9 +5,9 @@ at a time, closed again when the probe passes. Two trip rules on it:
 - `FailureBreaker` (the gateway, on its upstreams and the tier node): failures make up `failure_ratio`
   of the last `window` calls, or `consecutive` come in a row. Generation is slow by nature: a slow
   answer is not a sick server, a run of 5xx, timeouts and refused connections is.
-- `LatencyBreaker` (a tier node, on L3): the P99 of the recent calls passes a bound (150 ms in the
-  seed); the node then serves lookups from L1/L2. A call the client waits for anyway (a durable write)
-  still goes while it is open only for slowness (`allow_slow`), not while calls fail.
+- `LatencyBreaker` (a tier node, on L3): the P99 of the recent calls passes a bound (150 ms,
+  docs/design.md §4.4); the node then serves lookups from L1/L2. A call the client waits for anyway (a
+  durable write) still goes while it is open only for slowness (`allow_slow`), not while calls fail.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 # An exact lookup answers in tens of microseconds, a semantic one in a millisecond or two, one from L3
 # in several: the buckets span all three.
 LOOKUP_BUCKETS_MS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 1000.0)
-# The breaker opens at a p99 of 150 ms (seed §4.4): buckets either side of it.
+# The breaker opens at a p99 of 150 ms (docs/design.md §4.4): buckets either side of it.
 L3_BUCKETS_MS = (0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 150.0, 250.0, 500.0, 1000.0, 2500.0)
 
 # Lifetime counters of `Counters` (node/counters.py) exposed as they are: (series, attribute, help).

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from schemas.events import CacheInvalidated
 from services.tiers.entry import Entry
 
-# --- L3: the store of record (DESIGN.md §1 L3) -----------------------------------------------------
+# --- L3: the store of record (docs/design.md §1.1 L3) -----------------------------------------------------
 
 
 class L3Rejected(ValueError):
@@ -116,7 +116,7 @@ class L3Store(ValueStore, DescriptorStore, OutboxStore, ABC):
         return None, found
 
 
-# --- other nodes' L2 pools (DESIGN.md §1 L2) -------------------------------------------------------
+# --- other nodes' L2 pools (docs/design.md §1.1 L2) -------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """Settings of a tier node (env prefix `CACHEMESH_TIERS_`): the API, tier capacities, L2 sharing between
 nodes, request bounds, and the release-safety knobs (delayed double delete, L3 circuit breaker, degrade to
-local-only; DESIGN.md §3, seed §4.4). A leaf: it imports nothing of the node (the peer-list parsing the
+local-only; docs/design.md §4.4). A leaf: it imports nothing of the node (the peer-list parsing the
 L2 peers share is here)."""
 
 from __future__ import annotations
@@ -119,10 +119,11 @@ class TiersSettings(ServiceSettings):
     # Events queued beyond these bounds are dropped and counted (never block a request).
     max_queued_access_events: Annotated[int, Field(gt=0)] = 100_000
     max_queued_invalidations: Annotated[int, Field(gt=0)] = 10_000
-    # A warmup command waits for its `start_at_ms` (seed §2.5) at most this long; later ones start now.
+    # A warmup command waits for its `start_at_ms` (docs/design.md §2.5) at most this long; later ones
+    # start now.
     max_warmup_delay_ms: Annotated[int, Field(ge=0)] = 2_000
 
-    # --- release safety (seed §4.4) ----------------------------------------------------------
+    # --- release safety (docs/design.md §4.4) ----------------------------------------------------------
     # Delayed double delete: the invalidation goes again this long after the write.
     double_delete_delay_ms: Annotated[int, Field(ge=0)] = 200
     # The producer linger of invalidations (a producer of their own when it differs from KAFKA_LINGER_MS,

@@ -1,2 +1,2 @@
-"""The warmup service (DESIGN.md §3): predicts the next burst from stream windows, drift clusters,
+"""The warmup service (docs/design.md §3): predicts the next burst from stream windows, drift clusters,
 penetrations, KV events and heat, and warms the tier nodes before it arrives."""

@@ -1,10 +1,9 @@
-"""First-token latency as a function of the cache miss rate (seed §2.1): FTL = base + m * delta.
+"""First-token latency as a function of the cache miss rate (docs/design.md §2.1): FTL = base + m * delta.
 
 `FtlFit` fits base and delta online by ordinary least squares from observed (m, FTL) pairs, one fit
-per model, from running sums (O(1) memory, exact). The seed's two points (7B m=0.12 -> 186 ms, 13B
-m=0.38 -> 341 ms) give delta ~ 596 ms and base ~ 115 ms. `kv_miss_rate` estimates m from the KV
-capacity; unlike the seed's formula it counts the KV heads (grouped-query attention keeps fewer KV heads
-than query heads, so a GQA model needs `kv_heads` times the seed's per-head figure, not all heads).
+per model, from running sums (O(1) memory, exact). `kv_miss_rate` estimates m from the KV capacity;
+unlike the source's formula it counts the KV heads (grouped-query attention keeps fewer KV heads than
+query heads, so a GQA model needs `kv_heads` times the source's per-head figure, not all heads).
 """
 
 from __future__ import annotations
@@ -98,7 +97,8 @@ def kv_miss_rate(seq_len: int, shape: KvShape, capacity_bytes: int) -> float:
 
 
 def seed_miss_rate(seq_len: int, shape: KvShape, capacity_bytes: int) -> float:
-    """The seed's estimate, which leaves the heads out (kept to show how far off it is)."""
+    """The source's estimate (docs/design.md §2.1), which leaves the heads out (kept to show how far off
+    it is)."""
     need = 2 * seq_len * shape.head_dim * shape.layers * shape.bytes_per_value
     return min(1.0, max(0.0, (need - capacity_bytes) / need)) if need > 0 else 0.0
 

@@ -1,6 +1,6 @@
-"""Head-heat sharding (seed §3.1): per attention head, the rolling variance of its reported heat over
-the last 64 steps, a softmax with temperature 0.1, normalised by the maximum to [0, 1], then classes
-cold [0, 0.3) / warm [0.3, 0.7) / hot [0.7, 1] with the seed's resource quotas (2 vCPU/4 GB,
+"""Head-heat sharding (docs/design.md §3.1): per attention head, the rolling variance of its reported
+heat over the last 64 steps, a softmax with temperature 0.1, normalised by the maximum to [0, 1], then
+classes cold [0, 0.3) / warm [0.3, 0.7) / hot [0.7, 1] with the design's resource quotas (2 vCPU/4 GB,
 4 vCPU/8 GB, 8 vCPU/16 GB + GPU). A head changes class only once its score is `hysteresis` past the
 boundary, so a head that hovers near 0.3 or 0.7 does not flap between shards.
 """

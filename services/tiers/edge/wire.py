@@ -1,18 +1,14 @@
 """The lookups answered at the HTTP wire: uvicorn's httptools protocol, with POST /v1/lookup and
-/v1/lookup/batch taken out of its ASGI request cycle.
+/v1/lookup/batch taken out of its ASGI request cycle, which costs more server CPU per request than an
+exact L1 lookup does (docs/benchmarks.md).
 
-Measured on this machine (bench/api_rates.py), uvicorn's cycle alone (a scope, an event, a task wrapping
-the app, the send/receive messages, its response checks) costs more server CPU per request than an exact
-L1 lookup does: a bare ASGI app answering a fixed body costs 80-120 us per request at 1,000 requests/s,
-a bare httptools protocol 34 us. Here a lookup whose request is plain takes the short way: the body goes
-straight to `LookupAnswers` and the response straight to the transport, within the read that brought the
-request when this node's memory settles it (no task, no turn of the loop), else from a task once the
-peers or L3 have answered. Plain means HTTP/1.1 keep-alive,
-one of the two paths with no query, a Content-Length within the body limit, no Expect or
-Transfer-Encoding, the right bearer token where one is required, and nothing else in flight on the
-connection. Anything else (an error to answer, a pipelined request behind another) goes through uvicorn
-and the ASGI app exactly as before, which answers it the same way or with the error it always gave.
-Responses stay in order: a request that arrives behind a fast one waits in uvicorn's own pipeline.
+A plain lookup (HTTP/1.1 keep-alive, one of the two paths with no query, a Content-Length within the
+body limit, no Expect or Transfer-Encoding, the right bearer token where one is required, nothing else
+in flight on the connection) goes straight to `LookupAnswers` and its response straight to the
+transport: within the read that brought it when this node's memory settles it, else from a task once
+the peers or L3 have answered. Anything else (an error to answer, a pipelined request behind another)
+goes through uvicorn and the ASGI app as before, with the same answer. Responses stay in order: a
+request behind a fast one waits in uvicorn's own pipeline.
 """
 
 from __future__ import annotations

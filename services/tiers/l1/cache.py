@@ -1,4 +1,4 @@
-"""The L1 tier (seed §1.1): an in-process cache answering exact keys from a cuckoo table and
+"""The L1 tier (docs/design.md §1.1): an in-process cache answering exact keys from a cuckoo table and
 near-duplicate prompts by cosine similarity, with TTLs, byte and entry bounds, and evictions decided by a
 `Policy` (LRU by default; the heat policy drives it the same way).
 
@@ -293,7 +293,7 @@ class L1Cache:
         return [k for k in (self._keys[s] for s in slots) if k is not None]
 
     def invalidate_similar(self, embedding: npt.ArrayLike, threshold: float) -> list[str]:
-        """Semantic invalidation (DESIGN.md §1): drop every entry whose embedding has cosine >=
+        """Semantic invalidation (docs/design.md §1.1): drop every entry whose embedding has cosine >=
         `threshold` with `embedding`."""
         keys = self.similar_keys(embedding, threshold)
         for key in keys:

@@ -1,4 +1,4 @@
-"""Bucketized cuckoo hash table for L1 exact keys (seed §1.1), slots held in flat numpy columns.
+"""Bucketized cuckoo hash table for L1 exact keys (docs/design.md §1.1), slots held in flat numpy columns.
 
 Two hash functions in partial-key form (b2 = b1 ^ offset(key), so either bucket finds the other),
 4-slot buckets, insertion by a bounded random walk of at most `max_kicks` displacements that is undone

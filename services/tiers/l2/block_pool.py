@@ -1,4 +1,4 @@
-"""The L2 block pool (seed §3.2, DESIGN.md §3): one contiguous buffer of 16 KB pages, each page carved
+"""The L2 block pool (docs/design.md §3.2): one contiguous buffer of 16 KB pages, each page carved
 into blocks of a single class (256 B, 512 B or 2 KB) chosen by payload size, and payloads larger than
 a page (KV blocks: a 32-token block of an 8-head, 4-layer model is 256 KB) in one block spanning a run
 of whole pages, read and written in one copy.
@@ -9,7 +9,7 @@ finds no room. Fragmentation = (free total - largest free contiguous run) / free
 The buffer is CuPy device memory when a GPU is present, numpy host memory otherwise; the allocator's
 bookkeeping is host-side numpy either way, so one code path serves both (`xp` is the array module).
 Host memory can be a POSIX shared-memory segment (`shared=True`, named in `segment`), which an engine
-on the same host maps read-only to copy KV blocks out without a socket (DESIGN.md §1: L2 shareable
+on the same host maps read-only to copy KV blocks out without a socket (docs/design.md §1.1: L2 shareable
 across processes).
 """
 
@@ -93,7 +93,7 @@ def default_array_module() -> ModuleType:
 
 
 def size_class(nbytes: int) -> int:
-    """The smallest block class that holds `nbytes` (seed §3.2: 256 B / 512 B / 2 KB)."""
+    """The smallest block class that holds `nbytes` (docs/design.md §3.2: 256 B / 512 B / 2 KB)."""
     if nbytes < 0:
         raise ValueError(f"negative size {nbytes}")
     for cls in BLOCK_CLASSES:

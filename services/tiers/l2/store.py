@@ -1,4 +1,4 @@
-"""The L2 tier: encoded values kept in the block pool (DESIGN.md §1 L2, seed §3.2), by exact key, least
+"""The L2 tier: encoded values kept in the block pool (docs/design.md §1.1, §3.2), by exact key, least
 recently used out first when the pool is full.
 
 Each value spans blocks of `BlockPool` (2 KB blocks, then the smallest tail class). The store holds one

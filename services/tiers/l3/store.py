@@ -1,4 +1,4 @@
-"""The Postgres adapter of the L3 ports (`ports.py`; DESIGN.md §1 L3).
+"""The Postgres adapter of the L3 ports (`ports.py`; docs/design.md §1.1 L3).
 
 `ValueStore` keeps encoded values (codec.py: tensor header + raw payload) by key; `DescriptorStore`
 keeps the descriptors with their semantic tags and gives the nearest ones (`neighbours`). `PostgresL3Store`

@@ -1,23 +1,13 @@
-"""Degrade to local-only (DESIGN.md §3 release safety; seed §4.4: 缓存命中率 < 85% → 触发本地缓存降级): the
-state machine that watches a node's hit rate over a sliding time window and says when to serve local-only.
+"""Degrade to local-only (docs/design.md §4.4): the state machine that watches a node's hit rate over a
+sliding time window and says when to serve local-only, i.e. without other nodes' L2, the one remote read
+on the request path, which only adds latency when the cache is not paying (docs/tiers.md).
 
 Parameters (settings `CACHEMESH_TIERS_DEGRADE_*`): `window_ms` (30 s) of per-tick counts; `normal` ->
-`local_only` when the window's hit rate is below `enter_below` (0.85); back to `normal` only once it has
-stayed at or above `exit_at` (0.90) for `hold_ms` (10 s): the gap between the two thresholds and the hold
-are the hysteresis, so a rate wandering around 85% does not flap. No change within `min_dwell_ms` of the
-last one, and no decision on fewer than `min_lookups` lookups in the window or before the node has watched
-one whole window (a quiet or just-started node never flips on a handful of lookups). Without that
-evidence a recovery's hold starts again.
-
-What local-only means for a tier node: it serves from its own tiers (L1, its L2) and L3 (the store of
-record, behind its own breaker) and skips the one remote read on the request path, other nodes' L2
-(plan step "peers"; L2 is exact-key only, so there is no semantic fan-out to peers): when the cache is
-not paying, a peer round trip before L3 only adds latency. Background work (warmup commands loading
-from peers) is not a request and is left as it is. Writes, invalidations and the delayed double delete
-are unchanged.
-
-Pure: fed counts (`observe`), the clock (monotonic ms) passed in. Every change says why, with the
-window's hit rate and the lookups it counted.
+`local_only` below `enter_below` (0.85); back once the rate has stayed at or above `exit_at` (0.90) for
+`hold_ms` (10 s): that gap and the hold are the hysteresis, so a rate wandering around 85% does not flap.
+No change within `min_dwell_ms` of the last, nor on fewer than `min_lookups` lookups in the window or
+before one whole window (without that evidence a recovery's hold starts again).
+Pure: fed counts (`observe`), the clock (monotonic ms) passed in. Every change says why.
 """
 
 from __future__ import annotations

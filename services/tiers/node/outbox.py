@@ -1,9 +1,10 @@
 """Events a tier node owes Kafka, queued on the request path and sent by a background loop, so a request
-never waits on the broker (write-with-sync, seed §1.3: the invalidation is published asynchronously).
+never waits on the broker (write-with-sync, docs/design.md §1.3: the invalidation is published
+asynchronously).
 
-Two bounded queues: invalidations (each may carry a due time: the delayed second delete of seed §4.4)
-and access records (cheap tuples; the `CacheAccessed` events are built off the request path). Whatever
-would overflow a queue is dropped and counted. Pure: the clock is passed in.
+Two bounded queues: invalidations (each may carry a due time: the delayed second delete of
+docs/design.md §4.4) and access records (cheap tuples; the `CacheAccessed` events are built off the
+request path). Whatever would overflow a queue is dropped and counted. Pure: the clock is passed in.
 """
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ class Placement:
 
     def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
         """Place `entry` in L1 (and L2, write-through); returns where it went. A KV block goes to L2 alone
-        when L2 takes values its size (the block pool is where KV lives, DESIGN.md §1)."""
+        when L2 takes values its size (the block pool is where KV lives, docs/design.md §1.1)."""
         meta = entry.meta
         self.clock.observe(meta.updated_at_ms)  # a row from L3 or a peer may come from a clock ahead
         placed: list[Tier] = []

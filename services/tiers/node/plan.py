@@ -1,5 +1,5 @@
 """The lookup plan: the one order in which `get`, `get_many` and `get_local` walk the tiers, and what each
-step may do (DESIGN.md §1-§3, seed §1.1); plus a lookup's query, its answer and the walk's bookkeeping.
+step may do (docs/design.md §1-§3); plus a lookup's query, its answer and the walk's bookkeeping.
 
 L1 exact, L1 semantic, L2 exact (L2 is exact-key only), other nodes' L2 exact, L3 exact, L3 semantic:
 tier by tier, the exact key before the embedding in each. An exact key ends the walk; a semantic

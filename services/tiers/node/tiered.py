@@ -1,20 +1,16 @@
-"""The tiered cache of one node (DESIGN.md §1-§3, seed §1.1, §1.3, §4.4), a facade over its parts:
+"""The tiered cache of one node (docs/design.md §1.1, §1.3, §4.4), a facade over its parts:
 placement (`Placement`, placement.py), lookups (`LookupExecutor`, executor.py, walking the plan of
 plan.py; the matcher decides), writes, L3 write-behind, events and stats.
 
-- put (write-with-sync, seed §1.3): L3 first (the store of record), then L1 and L2; entries on this
-  node at least `similarity_tolerance` similar go at once, unless the match guards say the two prompts
-  ask different questions (matcher.py `same_question`: "How do I not reset my password?" leaves "How do
-  I reset my password?" alone); a `CacheInvalidated` (key, embedding, threshold, trace id), recorded
-  in L3's outbox by the write's own transaction, is queued for every node, and again
-  `double_delete_delay_ms` later (delayed double delete, seed §4.4). Access records are queued for
-  `cache.access.v1`. Nothing here waits on Kafka: the outbox is drained by the service.
-- L3 sits behind a latency circuit breaker (seed §4.4: open when its P99 > 150 ms); while it is open
-  lookups are served from L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
-- Degrade to local-only (seed §4.4, degrade.py): when the hit rate over a window falls below 85%, lookups
-  stop asking other nodes' L2 (they serve from L1, L2 and L3) until it holds at 90% again; `check_mode`
-  feeds the guard on the service's housekeeping tick and returns the change to publish.
-- Events from other services: invalidations, heat decisions, tier commands, conversation ends.
+- put (write-with-sync): L3 first (the store of record; the `CacheInvalidated` recorded in its outbox by
+  the same transaction), then L1 and L2; entries on this node at least `similarity_tolerance` similar go
+  at once unless the match guards say they ask a different question; the invalidation is queued for
+  every node, and again `double_delete_delay_ms` later. Nothing here waits on Kafka.
+- L3 sits behind a latency circuit breaker (P99 > 150 ms): while it is open lookups are served from
+  L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
+- Degrade to local-only (degrade.py): `check_mode` feeds the guard on the housekeeping tick.
+- Events: access records queued for `cache.access.v1`; from other services: invalidations, heat
+  decisions, tier commands, conversation ends.
 """
 
 from __future__ import annotations
@@ -149,7 +145,7 @@ class TieredCache(Placement):
     async def put(
         self, meta: EntryMeta, blob: bytes, *, invalidate_threshold: float | None = None
     ) -> PutResult:
-        """Write-with-sync (seed §1.3): L3, then L1/L2, then the invalidation for every node."""
+        """Write-with-sync (docs/design.md §1.3): L3, then L1/L2, then the invalidation for every node."""
         if meta.embedding is not None and self.dim is not None and meta.embedding.shape != (self.dim,):
             raise ValueError(f"embedding has shape {meta.embedding.shape}; this cache uses ({self.dim},)")
         now = self.clock.now()

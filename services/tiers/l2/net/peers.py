@@ -1,4 +1,4 @@
-"""Other nodes' L2 pools as one more place to look before L3 (DESIGN.md §1 L2): the `RemoteL2` adapter
+"""Other nodes' L2 pools as one more place to look before L3 (docs/design.md §1.1): the `RemoteL2` adapter
 over each peer's block server (`CACHEMESH_TIERS_L2_PEERS`).
 
 A lookup asks every peer that is not backing off at once: FIND for the keys (pipelined), then the blocks

@@ -1,5 +1,5 @@
-"""The RDMA adapter behind `BlockTransport` (DESIGN.md §1 L2, §4): control ops and the handshake travel on
-the TCP frame channel (transport.py), data moves by one-sided RDMA READ / WRITE against the peer's
+"""The RDMA adapter behind `BlockTransport` (docs/design.md §1.1, §7): control ops and the handshake
+travel on the TCP frame channel (transport.py), data moves by one-sided RDMA READ / WRITE against the peer's
 registered pool buffer, so the peer's CPU never touches a read.
 
 The handshake (op HELLO) is encoded in `frames.py`; addresses and batches are planned in `rdma_plan.py`.

@@ -1,4 +1,4 @@
-"""Reading and writing blocks in another node's L2 pool (DESIGN.md §1 L2): the `BlockTransport` port,
+"""Reading and writing blocks in another node's L2 pool (docs/design.md §1.1): the `BlockTransport` port,
 its TCP adapter (asyncio streams carrying the frames of `frames.py`) that every node has, and an
 in-process adapter over the same request handler (`handler.py`); the pyverbs RDMA adapter (`rdma.py`)
 uses the framed client as its control channel.
