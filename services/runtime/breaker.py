@@ -83,14 +83,20 @@ class Breaker:
 
 
 @dataclass(frozen=True, slots=True)
-class FailureStats:
+class BreakerStats:
+    """What every breaker reports; each trip rule adds what it decides on."""
+
     state: BreakerState
-    failures_in_window: int
     calls_in_window: int
     opened: int
     rejected: int
     failures: int
     reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureStats(BreakerStats):
+    failures_in_window: int = 0
 
 
 class FailureBreaker(Breaker):
@@ -150,14 +156,8 @@ class FailureBreaker(Breaker):
 
 
 @dataclass(frozen=True, slots=True)
-class LatencyStats:
-    state: BreakerState
-    p99_ms: float | None
-    calls_in_window: int
-    opened: int
-    rejected: int
-    failures: int
-    reason: str | None
+class LatencyStats(BreakerStats):
+    p99_ms: float | None = None
 
 
 class LatencyBreaker(Breaker):
