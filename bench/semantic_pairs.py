@@ -112,7 +112,7 @@ def node(settings: TiersSettings, entries: int) -> TieredCache:
             dim=settings.embedding_dim,
             capacity_bytes=max(settings.l1_capacity_bytes, entries * 8192),
             max_entries=max(settings.l1_max_entries, 2 * entries),
-            default_tolerance=settings.default_similarity_tolerance,
+            default_similarity_tolerance=settings.default_similarity_tolerance,
         ),
         l2=None,
         l3=None,
@@ -121,7 +121,7 @@ def node(settings: TiersSettings, entries: int) -> TieredCache:
         node_id="pairs",
         matcher=Matcher(
             delta=settings.match_delta if settings.match_rule == "learned" else None,
-            default_tolerance=settings.default_similarity_tolerance,
+            default_similarity_tolerance=settings.default_similarity_tolerance,
             explore_rate=settings.match_explore_rate,
         ),
     )

@@ -177,7 +177,7 @@ class TiersService(Service):
                 dim=s.embedding_dim,
                 capacity_bytes=s.l1_capacity_bytes,
                 max_entries=s.l1_max_entries,
-                default_tolerance=s.default_similarity_tolerance,
+                default_similarity_tolerance=s.default_similarity_tolerance,
             ),
             l2=l2,
             l3=self.l3,
@@ -203,7 +203,7 @@ class TiersService(Service):
             write_behind=s.write_behind,
             matcher=Matcher(
                 delta=s.match_delta if s.match_rule == "learned" else None,
-                default_tolerance=s.default_similarity_tolerance,
+                default_similarity_tolerance=s.default_similarity_tolerance,
                 deltas=dict(s.match_delta_by),
                 explore_rate=s.match_explore_rate,
             ),

@@ -87,7 +87,7 @@ class L1Cache:
         max_entries: int = 100_000,
         policy: Policy | None = None,
         clock: Callable[[], int] = monotonic_ms,
-        default_tolerance: float = DEFAULT_SIMILARITY_FLOOR,
+        default_similarity_tolerance: float = DEFAULT_SIMILARITY_FLOOR,
         ann_threshold: int = DEFAULT_ANN_THRESHOLD,
         ann_factory: AnnFactory | None = None,
         candidates: int = DEFAULT_CANDIDATES,
@@ -103,7 +103,7 @@ class L1Cache:
         # The smallest charge c with (max_entries + 1) * c > capacity: one entry too many never fits.
         self.min_charge = capacity_bytes // (max_entries + 1) + 1
         self.clock = clock
-        self.default_tolerance = default_tolerance
+        self.default_similarity_tolerance = default_similarity_tolerance
         self.candidates = candidates
         self._hasher = hasher
         self.dim = dim
@@ -177,7 +177,9 @@ class L1Cache:
         holds `Eviction(key, "rejected")` when the policy declined the newcomer."""
         if ttl_hint_ms is not None and ttl_hint_ms <= 0:
             raise ValueError(f"ttl_hint_ms must be positive, got {ttl_hint_ms}")
-        tolerance = self.default_tolerance if similarity_tolerance is None else similarity_tolerance
+        tolerance = (
+            self.default_similarity_tolerance if similarity_tolerance is None else similarity_tolerance
+        )
         if not 0.0 <= tolerance <= 1.0:
             raise ValueError(f"similarity_tolerance must be in [0, 1], got {tolerance}")
         vec = None

@@ -45,14 +45,14 @@ class Matcher:
         self,
         *,
         delta: float | None = None,
-        default_tolerance: float = DEFAULT_SIMILARITY_FLOOR,
+        default_similarity_tolerance: float = DEFAULT_SIMILARITY_FLOOR,
         seed: int = 0,
         max_states: int = 100_000,
         deltas: dict[str, float] | None = None,
         explore_rate: float = 0.3,
     ) -> None:
         self.delta = delta
-        self.default_tolerance = default_tolerance
+        self.default_similarity_tolerance = default_similarity_tolerance
         self.max_states = max_states
         if delta is None:
             self.decision = _fixed_decision()
@@ -82,7 +82,7 @@ class Matcher:
 
     def candidate(self, meta: EntryMeta, similarity: float, tier: str) -> Candidate:
         floor: float | None = meta.similarity_tolerance
-        if self.learned and abs(meta.similarity_tolerance - self.default_tolerance) < 1e-6:
+        if self.learned and abs(meta.similarity_tolerance - self.default_similarity_tolerance) < 1e-6:
             floor = None
         return Candidate(
             meta.key,

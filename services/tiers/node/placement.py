@@ -59,7 +59,11 @@ class Placement:
     ) -> None:
         self.l1 = l1
         # Which semantic candidate a lookup serves, and which neighbours a write makes stale.
-        self.matcher = matcher if matcher is not None else Matcher(default_tolerance=l1.default_tolerance)
+        self.matcher = (
+            matcher
+            if matcher is not None
+            else Matcher(default_similarity_tolerance=l1.default_similarity_tolerance)
+        )
         self.l2 = l2
         self.l3 = l3
         self.peers = peers

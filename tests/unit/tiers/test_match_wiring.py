@@ -156,7 +156,7 @@ async def test_feedback_that_an_entry_was_wrong_stops_it_serving_at_that_similar
 
 
 async def test_a_delta_switches_on_the_learned_decision() -> None:
-    rig = make(matcher=Matcher(delta=0.02, default_tolerance=0.92, seed=1))
+    rig = make(matcher=Matcher(delta=0.02, default_similarity_tolerance=0.92, seed=1))
     base = unit(RNG, DIM)
     await rig.cache.put(
         EntryMeta(key="k", kind="prompt", model="m", embedding=base), encode_text("v", model="m")
