@@ -1,6 +1,7 @@
-"""`make bench`: runs every benchmark in turn with its default options (each prints its own table).
+"""`make bench`: runs every benchmark in turn with its default options (each prints its own table), then
+writes docs/benchmark-results.md from bench/results/ (bench/report.py).
 
-`python -m bench broker policies` runs only those."""
+`python -m bench broker policies` runs only those; `python -m bench --docs` only writes the page."""
 
 from __future__ import annotations
 
@@ -9,14 +10,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench import report
+
 
 def benchmarks() -> list[str]:
     return sorted(
-        m.name for m in pkgutil.iter_modules([str(Path(__file__).parent)]) if not m.name.startswith("_")
+        m.name
+        for m in pkgutil.iter_modules([str(Path(__file__).parent)])
+        if not m.name.startswith("_") and m.name != "report"
     )
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--docs"]:
+        print(f"wrote {report.write()}")
+        return 0
     chosen = argv or benchmarks()
     unknown = sorted(set(chosen) - set(benchmarks()))
     if unknown:
@@ -30,6 +38,7 @@ def main(argv: list[str]) -> int:
             failed.append(name)
     if failed:
         print(f"failed: {failed}", file=sys.stderr)
+    print(f"wrote {report.write()}")
     return 1 if failed else 0
 
 
