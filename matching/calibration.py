@@ -3,13 +3,9 @@ upper confidence bound it gives on the error rate served from a threshold.
 
 Reference: vCache ("vCache: Verified Semantic Prompt Caching", 2025) fits a sigmoid of the similarity
 to labelled candidates and serves where its confidence bound clears δ; here the sigmoid is pooled over
-every entry (the cold entry's prior) and is fitted on u = -ln(1 - s), which spreads the similarities
-near 1 where the decisions are. Weighted logistic regression (Newton, a weak Gaussian prior with
-`prior_sd` on both coefficients so that a pool of all-right labels still has a finite fit), Laplace
-covariance from the weights normalised to the effective sample size, and the delta method for the bound
-on the served error E(t) = sum_{s_i >= t} w_i P(wrong | s_i) / sum_{s_i >= t} w_i over the (weighted)
-candidates seen: a parametric bound borrows strength from the whole similarity range, so it certifies a
-threshold with far fewer labels than a count above that threshold can.
+every entry and fitted on u = -ln(1 - s). Weighted logistic regression (Newton, a weak Gaussian prior
+with `prior_sd` on both coefficients), Laplace covariance and the delta method for the bound on the
+served error. Why and how: docs/tiers.md ("The pooled sigmoid").
 """
 
 from __future__ import annotations

@@ -2,15 +2,8 @@
 
 Order: the exact key (or the same normalised text) serves; otherwise the guards (matching/guards.py)
 veto near-miss traps; otherwise the entry's learned threshold (matching/threshold.py) decides serve,
-explore or miss. How the two tolerances combine: `tolerance` on a request and `similarity_tolerance` on
-an entry are both cosine floors, and the stricter (the larger) of the two that are set applies, on top
-of the learned threshold: a candidate is served only at or above max(learned threshold, floor), and
-below the floor it is never explored either. Neither set means the learned threshold alone (a stored
-default of 0.92 should therefore be stored as None, or it will cap the hit rate at the old one).
-An empty text means unknown (a lookup by embedding alone, an entry stored without its prompt): the
-same-text check and the guards are skipped for that pair, and the threshold alone decides.
-δ per model: with `deltas` set, each candidate's `group` (the node uses the entry's model) has its own
-learner at that group's δ (matching/deltas.py), so one model's labels never set another's threshold.
+explore or miss. How the request's and the entry's floors combine with it, texts that are unknown and δ
+per model: docs/tiers.md ("The match decision").
 """
 
 from __future__ import annotations

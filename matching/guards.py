@@ -1,15 +1,9 @@
 """Cheap lexical checks that catch near-miss traps: two prompts that embed close but ask different things.
 
 Each guard compares the cached prompt with the request and returns a reason when it fires (None when it
-does not): negation added or removed, numbers/dates/units changed, named entities or quoted strings
-changed or swapped between roles (also around a single "to": "convert a PDF to Word" / "Word to PDF"),
-opposite comparatives or antonyms (in inflected forms too: increased/decreased), and instructions about
-the answer's form said to the answerer (language, format, length, manner: "Answer in French."). They are
-deliberately word-list based and general English: a fired guard means "do not trust the similarity", not
-"the answers differ". Order and casing never make a guard fire. The second round of words
-(weekday/weekend, part-time/full-time, within/after, optional/compulsory, opt in/out, inflections, the
-single-"to" swap) came from the families of wrong answers bench/semantic.py served on its dev half;
-over/under before an amount from one on its test half.
+does not). They are deliberately word-list based and general English: a fired guard means "do not trust
+the similarity", not "the answers differ". What each guard looks for, and which bench run each round of
+words came from: docs/tiers.md ("The match guards").
 """
 
 from __future__ import annotations

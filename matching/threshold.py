@@ -2,13 +2,7 @@
 
 Reference: "vCache: Verified Semantic Prompt Caching" (2025) for the shape (a per-entry threshold learned
 online from labels under a user-set δ, exploring when unsure); the pooled part bounds the served error
-directly, as in distribution-free risk control ("Learn then Test", Angelopoulos et al. 2021). Serve at
-or above the lowest grid similarity where a one-sided Wilson upper bound on the error among labelled
-candidates at or above it is at most δ (labels weighted by the inverse of the chance they were taken);
-`model` "sigmoid" bounds a pooled sigmoid of P(correct | s) instead (matching/calibration.py),
-"sigmoid-point" bounds P(wrong | t) at the threshold (vCache's rule). An entry's own wrong labels raise
-its threshold; a pool with fewer than `min_labels` labels serves nothing by similarity and explores.
-
+directly, as in distribution-free risk control ("Learn then Test", Angelopoulos et al. 2021).
 Parameters (defaults): δ 0.02 (vCache's default), z_conf 1.645 (one-sided 95%), explore_rate 0.3,
 explore_floor 0.7, cold_threshold None, min_labels 20, grid step 0.005, 32 labels kept per entry,
 4,096 in the pool. Pure: the caller passes the random draw and persists `to_dict()`.

@@ -1,25 +1,10 @@
 """Stage 1 of the window pipeline: partial panes per source partition, and their watermarks.
 
-Each source partition of `cache.access.v1` is aggregated on its own, in event time, into 1 s panes
-per group. A pane closes when the partition's watermark passes its end -- the highest event time
-seen on the partition minus `lateness_ms` -- and is then handed to stage 2 as a `Partial`, followed
-by a `Progress` saying how far the partition has got. Per-partition watermarks stay exact however
-the consumer interleaves partitions, since each partition is in order on its own.
-
-An idle partition (consumed to its end and quiet for `idle_ms`) would hold every window back; its
-watermark then follows the slowest active partition, or, once every partition is idle, the
-worker's event clock (the newest event time seen plus the wall time since) -- the usual idleness
-rule of stream processors.
-
-Recovery is exact under at-least-once delivery. A record is acknowledged (its offset may be
-committed) only once every pane it counts in has been closed: its partial delivered to stage 2 and
-the partition's progress (`closed_before_ms`) written to the table. Open panes therefore never need
-persisting -- after a crash they are rebuilt from the records replayed from the committed offset --
-and a replayed record for a pane the progress says is closed is skipped. Within a running worker a
-redelivered record (a rebalance) is skipped by its offset, kept per open pane: exact, also when the
-first delivery had a gap (faust can drop a fetched record mid-rebalance and hand on the next ones).
-A batch record (`CacheAccessBatch`) is its events in order: each is applied at its own position,
-the record's offset and its index within the record, so a replayed batch is skipped event by event.
+Each source partition of `cache.access.v1` is aggregated on its own, in event time, into 1 s panes per
+group, closed once the partition's watermark (its newest event time minus `lateness_ms`) passes their
+end; an idle partition (`idle_ms`) follows the others. A record is acknowledged only once every pane it
+counts in has been closed and handed on, so recovery is exact under at-least-once delivery.
+How: docs/streams.md ("Stage 1: partial panes").
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Stage 2 of the window pipeline: merges partial panes from every source partition and emits the
 windows, and the drift clusters of each shard, once every partition has moved past them.
 
-Records for one group arrive on one partition of the hand-off topic, together with every source
-partition's `Progress`. The watermark of a stage-2 partition is the lowest progress over all
-source partitions; every window ending at or before it is complete. Per group and window end `e`
-(a pane boundary): the tumbling 1 s window [e-1s, e) when that pane has data, and the hopping 10 s
-window [e-10s, e) when any of its panes has; for a shard (all models) also its drift clusters.
-
-Re-sent partials overwrite (their content is the same), and emitted windows carry deterministic
-event ids, so a restart anywhere repeats at most what consumers drop as duplicates. Each partition's
-state knows the next hand-off offset it has to apply (`next_offset`, kept in the `wm` entry), so a
-record that arrives past it shows what the consumer skipped (`missed`) and the adapter reads it again.
+A stage-2 partition's watermark is the lowest progress over all source partitions. Re-sent partials
+overwrite and emitted windows carry deterministic event ids, so a restart repeats at most what
+consumers drop as duplicates. Which windows, and how skipped records are noticed: docs/streams.md
+("Stage 2: merging panes").
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """A watchdog for faust's changelog recovery: restart a recovery that has stopped making progress.
 
-Seen once in CI: after a rebalance, a worker sat in recovery for minutes ("Still fetching changelog
-topics for recovery", every changelog partition at "have offset -1", 28 records to go) and never
-resumed; its fetch never delivered. Restarting the recovery (as a new rebalance would: seek the
-changelogs again, rebuild the highwaters, resume the partitions) is what faust does itself when the
-assignment changes. Pure: the caller feeds a snapshot now and then and does what the verdict says.
-
-- "ok": not recovering, or nothing left to read, or the remaining count moved since the last look;
-- "restart": recovering, records left, and the remaining count has not moved for `stall_after_s`,
-  doubled for each restart in a row that brought no progress (a restart itself re-seeks and costs
-  fetch round trips: at a fixed period shorter than those, restarts would keep a recovery from ever
-  finishing; with the doubling one always gets room);
-- "give_up": `give_up_after` restarts in a row brought no progress: exit, and let the supervisor
-  (the launcher, or an orchestrator) start the worker afresh.
+Pure: the caller feeds a snapshot now and then and does what the verdict says: "ok", "restart" (no
+progress for `stall_after_s`, doubled for each restart in a row that brought none) or "give_up" (after
+`give_up_after` such restarts). Why it exists, and why the doubling: docs/streams.md ("The recovery
+watchdog").
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """LIRS: eviction by inter-reference recency, counting entries (sizes are ignored).
 
 Reference: Jiang & Zhang, "LIRS: An Efficient Low Inter-reference Recency Set Replacement Policy",
-SIGMETRICS 2002 (the algorithm of §4.2). A block whose last two accesses were close (low IRR) is LIR
-and stays; the others are HIR and share `hir_percent` (1%) of the cache in the FIFO queue Q. The stack
-S orders every LIR block, and the HIR blocks seen since the oldest LIR one, by recency; a HIR block
-accessed again while still in S has a lower IRR than that oldest LIR block and takes its place.
-Non-resident HIR blocks stay in S as ghosts, at most `ghost_factor` (10) times the capacity of them
-(and at most `max_ghosts`, 262,144, unless the capacity is larger), the oldest forgotten first: a
-memory longer than the usual 2x lets blocks that return after a long scan win back their place.
-libCacheSim's LIRS.c bounds S at twice the cache and floors the HIR share; with `ghost_factor=1` and
-its HIR share the two agree (docs/benchmarks.md).
+SIGMETRICS 2002 (the algorithm of §4.2). Parameters: the HIR blocks share `hir_percent` (1%) of the
+cache in the FIFO queue Q; non-resident HIR blocks stay in the stack S as ghosts, at most `ghost_factor`
+(10) times the capacity of them (and at most `max_ghosts`, 262,144, unless the capacity is larger), the
+oldest forgotten first. How it works, and how it differs from libCacheSim's LIRS.c: docs/heat.md
+("LIRS").
 """
 
 from __future__ import annotations

@@ -4,12 +4,9 @@ and a ghost FIFO of keys evicted from the small one, counting entries (sizes are
 Reference: Yang, Zhang, Qiu, Yue & Rashmi, "FIFO queues are all you need for cache eviction",
 SOSP 2023, Algorithm 1; the authors' libCacheSim S3FIFO.c settles what the pseudo-code leaves open.
 Parameters: small holds `small_ratio` (10%) of the capacity, main the rest, the ghost `ghost_ratio` (90%)
-in keys; a hit adds one to the frequency (capped at 3). A newcomer enters small, or main if its key is a
-ghost. Evict from main while it holds more than its share (or small is empty), else from small: small's
-tail moves to main (frequency reset) if hit `move_threshold` (2) times, else leaves for the ghost; main's
-tail with a non-zero frequency is reinserted one lower. A key moved into main evicts nothing by itself.
-`fill_main_first` is libCacheSim's later variant (into main while the cache has never evicted and small
-is full), hit for hit; the default is the paper's. They differ on loops (docs/benchmarks.md).
+in keys; small's tail moves to main once hit `move_threshold` (2) times; `fill_main_first` is
+libCacheSim's later variant (the default is the paper's). How it admits and evicts, step by step:
+docs/heat.md ("S3-FIFO").
 """
 
 from __future__ import annotations

@@ -2,14 +2,9 @@
 entries (sizes are ignored).
 
 Reference: Zhang, Yang, Yue, Vigfusson & Rashmi, "SIEVE is Simpler than LRU: an Efficient
-Turn-Key Eviction Algorithm for Web Caches", NSDI 2024, Fig. 2. A hit only sets the entry's visited
-bit; a newcomer enters at the head. To evict, the hand walks from where it stopped towards the head,
-clearing visited bits, and takes the first unvisited entry; past the head it wraps to the tail.
-Nothing moves in the queue, so survivors keep their place (unlike CLOCK's reinsertion).
-
-The queue is kept as two ordered maps split at the hand: `swept` (tail .. just before the hand,
-every visited bit already cleared) and `ahead` (the hand .. head). The hand is the oldest key of
-`ahead`; when `ahead` runs out the hand wraps and `swept` becomes `ahead`.
+Turn-Key Eviction Algorithm for Web Caches", NSDI 2024, Fig. 2; no parameter but the capacity.
+The queue is kept as two ordered maps split at the hand (`swept`, `ahead`). How the hand sweeps, and
+how the two maps stand for the queue: docs/heat.md ("SIEVE").
 """
 
 from __future__ import annotations

@@ -2,15 +2,10 @@
 
 Reference: Einziger et al., "Adaptive Software Cache Management", Middleware 2018 (an LRU window of
 `window_percent` (1%) of the capacity in front of a segmented LRU, protected 80%; TinyLFU admission);
-docs/design.md §1.2 for the heat. Differences from `wtinylfu.WTinyLFU`:
-- Victim: the least hot of the `victim_candidates` (4) oldest probation entries (heat only reorders the
-  tail: a key just admitted has no history yet, and a learned score alone would throw it out first).
-- Admission: the window's candidate must be more frequent than the victim by the count-min sketch; a
-  key the doorkeeper has not seen (frequency <= 1) never displaces a victim with frequency >=
-  `hot_frequency` (3); candidates with frequency >= 6 win 1 in 128 ties.
-- Heat: `heat(features) -> [0, 1]` from the owner (`HeatPolicy`), scored on demand for each duel from
-  what the frame knows (`features.FEATURES`: recency, inter-access gap, sketch frequency, hits).
-The sketch is shared with the owner, which counts every access first. Counts entries (sizes ignored).
+docs/design.md §1.2 for the heat. Parameters: the victim is the least hot of the `victim_candidates` (4)
+oldest probation entries; a key the doorkeeper has not seen never displaces one of frequency >=
+`hot_frequency` (3). The sketch is shared with the owner, which counts every access first. Counts
+entries (sizes ignored). How it differs from `wtinylfu.WTinyLFU`: docs/heat.md ("The heat frame").
 """
 
 from __future__ import annotations

@@ -1,15 +1,13 @@
 """The AI-native policy: a resident set that follows the best of a panel of experts, a learned heat
 score for every entry, and the mesh's lifecycle signals (docs/design.md §1.2).
 
-On a miss the panel's leader decides (`panel.py`: LIRS, LRU, ARC, W-TinyLFU and the heat frame of
-`frame.py`, run as miniatures on a 1/`shadow_sample` (4) sample of the keys): a key is admitted when the
-leader admits it; the victim is an entry of an ended conversation or an expired one, else a key the leader
-does not hold, the coldest by heat (a new leader is followed once its lead outweighs `migration_cost`
-(1.0) per key it lacks). Heat: an online MLP (`scorer.py`) over `features.py`, re-scoring every
-`rescore_ms` (100 ms), a recency/frequency prior until `warmup_labels` labels; it spreads over semantic
-clusters (`neighbour_tau`, `cold_cluster`). Prefix chains retire the panel: leaves go first by LRFU
-(`chains.py`, half-life `chain_half_life` (3) capacities) times the learned re-use probability
-(`chains.ChainReuse`). Step by step: docs/heat.md ("How the AI-native policy decides").
+On a miss the panel's leader decides (`panel.py`, miniatures on a 1/`shadow_sample` (4) sample of the
+keys): a key is admitted when the leader admits it; the victim is an ended conversation's or an expired
+entry, else a key the leader does not hold, the coldest by heat (a new leader is followed once its lead
+outweighs `migration_cost` (1.0) per key it lacks). Heat: an online MLP (`scorer.py`) re-scoring every
+`rescore_ms` (100 ms), a prior until `warmup_labels` labels, spread over clusters (`neighbour_tau`,
+`cold_cluster`). Prefix chains retire the panel: LRFU (`chains.py`, `chain_half_life` (3) capacities)
+times `chains.ChainReuse`. Step by step: docs/heat.md ("How the AI-native policy decides").
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """A panel of replacement experts simulated side by side, and which of them currently leads.
 
-Every expert (LRU, ARC, W-TinyLFU, LIRS, ... at the real capacity) hears the same accesses as the
-real cache, in order and nothing more, so its hit count is honest: no expert sees the future and none
-prefetches. The evidence is pairwise: `lead(i, j)` is how many more accesses expert i hit and j
-missed than the other way round, exponentially decayed over two horizons (`horizons`: 32 and 512
-times the capacity; the short one long enough for a workload's periodic phases to average out, the
-long one to make a small but lasting lead significant). A challenger may take the lead when, at some
-horizon, its lead over the leader clears `min_lead` (8) accesses and `sigmas` standard deviations of
-that difference (3 at the short horizon, 2 at the long one; the accesses where exactly one of the two
-hit are, under "equally good", a fair coin), and it trails at neither horizon. The caller decides
-whether a switch is worth its migration cost (`HeatPolicy`).
-
-With prefix chains (KV blocks, `chained=True` for every block after the first of a request) an
-expert's hit counts only while it holds the whole prefix so far, as the replayer counts the real
-cache's hits.
-
-Miniature simulations (`sample` R > 1; Waldspurger et al., "Cache Modeling and Optimization using
-Miniature Simulations", ATC'17, after SHARDS, FAST'15): the experts that only give evidence run at
-capacity / R on the keys whose hash falls in a 1/R spatial sample (every access of a sampled key,
-none of the others), with their own frequency sketch at that size; the evidence is their hit counts.
-The expert the resident set follows (the `driver`) runs full-size on every access; when another
-expert takes the lead a full-size one of it is built and handed the resident keys, oldest first.
-R is capped so a miniature holds at least `MIN_MINIATURE` entries (below that, R = 1: full shadows,
-the leader's shadow drives).
-
-Reference: follow-the-leader over expert caches, as in ACME (Ari et al., "ACME: Adaptive Caching
-Using Multiple Experts", WDAS 2002) and Caffeine's adaptive window (miniature simulations, Einziger
-et al., Middleware 2018); here the resident set follows the leader's decisions instead of only
-borrowing a parameter.
+Reference: follow-the-leader over expert caches, as in ACME (Ari et al., WDAS 2002), with miniature
+simulations (Waldspurger et al., ATC'17, after SHARDS, FAST'15) as in Caffeine's adaptive window.
+Parameters: the pairwise lead evidence decays over `horizons` (32 and 512 times the capacity); a
+challenger takes the lead once, at some horizon, its lead clears `min_lead` (8) accesses and `sigmas`
+(3 short, 2 long) standard deviations, and it trails at neither; the experts that only give evidence
+run at capacity / `sample`, R capped so a miniature holds at least `MIN_MINIATURE` entries.
+How the evidence, prefix chains and miniatures work: docs/heat.md ("The panel of experts").
 """
 
 from __future__ import annotations

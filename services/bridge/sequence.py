@@ -1,16 +1,9 @@
 """Sequence numbers of one vLLM publisher, decided without I/O: forward a batch, skip one already
 forwarded, fill a gap from the replay socket, or notice that the engine restarted.
 
-vLLM numbers batches 0, 1, 2, ... per publisher (`itertools.count()`); PUB delivers each at most once,
-in order, so on the live socket a number at or below the last one *heard live* means the engine
-restarted (a new epoch, numbered from 0 again). A number at or below the last *forwarded* but above the
-last heard was forwarded from the replay socket, so it is either that batch again (queued on SUB while
-the replay ran) or a restarted engine's new batch under a number the old one used: the tracker keeps a
-digest of each replayed batch and tells the two apart by the payload. (A bridge whose first start
-replays the engine's history has heard nothing live; without the digest an engine restart right after
-it looked like duplicates, and its first batches were dropped.) A bridge that starts from a saved
-position treats that position as heard: whatever it hears next that is not above it is a new
-incarnation.
+A number at or below the last one heard live means a restart; one at or below the last forwarded but
+above the last heard is told apart (the same batch again, or a restarted engine's) by a digest of the
+replayed batch's payload. Why: docs/bridge.md ("Sequence numbers").
 """
 
 from __future__ import annotations

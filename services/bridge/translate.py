@@ -1,15 +1,8 @@
 """vLLM KV events as `kv.events.v1`, without I/O: one `KvBlockStored` / `KvBlockRemoved` per block, keyed
-by content (cachemesh_client/kvkeys.py: a digest chained over the model identity and the token ids), so
-that two engines, the connector, the gateway and the tiers name a block alike; vLLM's own hashes are
-per process. A `BlockStored` of n blocks is a chain: each block's parent is the one before it, the first
-one's is `parent_block_hash` (an engine block this bridge keyed earlier, in `ChainIndex`). The engine is
-the events' `node_id`, and an event id derived from (engine, epoch, seq, position) lets consumers drop a
-batch forwarded twice as a duplicate.
+by content (cachemesh_client/kvkeys.py), so that two engines, the connector, the gateway and the tiers
+name a block alike.
 
-vLLM's `AllBlocksCleared` has no counterpart in v1: it becomes a removal of every block this bridge saw
-stored by that engine and not removed since (bounded; the oldest are forgotten first). A block whose
-parent this bridge never heard of (its history was lost) cannot be keyed: it is counted as an orphan and
-left out, as are its descendants.
+Chains, `AllBlocksCleared`, orphans and event ids: docs/bridge.md ("Translating vLLM's events").
 """
 
 from __future__ import annotations

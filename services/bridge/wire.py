@@ -2,19 +2,9 @@
 msgpack `KVEventBatch` in them, with a precise reason for everything that cannot be decoded.
 
 Reference: vllm/distributed/kv_events.py (msgspec structs, `tag=True`, `omit_defaults=True`; read at
-commits b4e69e0 and 0181ea3). Until vllm#42892 (June 2026) they were `array_like=True`: a batch is
-`[ts, events, data_parallel_rank?]` and an event `[tag, field, ...]` in declaration order, trailing
-defaults omitted. Since then an event is a map with the tag under "type" (v0.26.0 still sent the batch
-as an array; main makes it a map too). Every combination is accepted. Field order:
-
-    BlockStored:  block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium, lora_name,
-                  extra_keys, group_idx, kv_cache_spec_kind, kv_cache_spec_sliding_window
-    BlockRemoved: block_hashes, medium, group_idx
-    AllBlocksCleared: (none)
-
-The first releases stop `BlockStored` at lora_id and `BlockRemoved` at block_hashes. Block hashes are
-`ExternalBlockHash = bytes | int` (sha256 digests, or 64-bit ints); the sequence number is an 8-byte
-big-endian integer, -1 (signed) ends a replay.
+commits b4e69e0 and 0181ea3). Batches and events come as arrays (until vllm#42892) or maps; every
+combination is accepted. The encodings and the field order: docs/bridge.md ("vLLM's KV-event wire
+format").
 """
 
 from __future__ import annotations

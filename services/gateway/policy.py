@@ -1,15 +1,8 @@
 """What is cached (pure): which requests may be answered from the cache and stored, what the caller's
 headers ask (opt-out), and which upstream answers are worth keeping.
 
-The default (`unset_or_zero`) caches what a user of a cache in front of a model expects: requests at
-temperature 0 and requests that leave the temperature unset, as most applications call. An explicit
-temperature above 0 asks for variety and goes upstream every time, unless it carries a `seed` (the
-caller asked for a reproducible answer). Never cached: n > 1 (one cached answer cannot be n samples),
-logprobs (a cached answer has none to give), several prompts in one completion request, and, unless
-`cache_tools`, requests with tools or tool results and answers that call a tool (a tool call acts on
-the world; replaying one is not what the caller meant).
-Temperature 0 and unset are two requests, cached apart (requests.py keys every sampling parameter
-set): unset means the engine's default, 1.0 in OpenAI's API and in vLLM.
+The default (`unset_or_zero`) caches requests at temperature 0 and those that leave it unset, apart;
+what else is cached, what never is, and why: docs/gateway.md ("What is cached").
 """
 
 from __future__ import annotations

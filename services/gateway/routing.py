@@ -1,22 +1,13 @@
 """KV-aware routing over several engine instances, decided without I/O: which instance serves a request,
-and why. llm-d's prefix-aware scorer and NVIDIA Dynamo's KV router score each instance by the longest
-prefix of the request's KV blocks it already holds (learned from its KV events) against its load; here
-the shared tiers count too (a block an instance lacks but the tiers hold is loaded by the connector:
-cheaper than recomputing, not free), and a conversation stays on its instance unless load says otherwise.
+and why.
 
-Units are blocks of prompt a request need not compute: an instance's score is
+Reference: llm-d's prefix-aware scorer and NVIDIA Dynamo's KV router; here the shared tiers count too.
+An instance's score, in blocks of prompt a request need not compute:
 
     held + tier_value * from_tiers - pending - load_cost * waiting
 
-where `held` is the instance's own prefix hit, `from_tiers` the blocks past it the tiers hold, `pending`
-the blocks the requests this gateway sent it are still computing (a request waits for those as it
-would for its own: the wait behind a long cold prompt is long, behind a cached one short), and
-`waiting` the requests queued in the engine that this gateway did not count (its /metrics). The
-conversation's instance wins unless another scores `affinity_slack` blocks more. Equal scores (a new
-conversation that no instance holds) go to the least loaded, then to the instance that has written the
-fewest blocks into its pool (`written_blocks`: the blocks past its own prefix of every prompt sent to it),
-so the conversations' working sets spread over the pools instead of piling into the first one. Unhealthy
-instances are never chosen; with none healthy there is no choice.
+The conversation's instance wins unless another scores `affinity_slack` blocks more; equal scores go
+to the least loaded, then the fewest `written_blocks`. The terms: docs/gateway.md ("KV-aware routing").
 """
 
 from __future__ import annotations

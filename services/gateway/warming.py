@@ -1,33 +1,12 @@
-"""Warming an engine for a conversation's next turn, decided without I/O.
+"""Warming an engine for a conversation's next turn, decided without I/O: when to answer the warmup
+service's command with a prefill of the conversation's latest prompt on its instance, and how it went.
 
-The warmup service predicts when a conversation's next turn is near and which of its KV blocks have left
-the engine since (services/warmup/conversations.py); its command names the conversation (`trace_id`) and
-when the turn is expected (`deadline_ms`). The gateway is where the conversation's prompt and instance
-are known: it remembers each conversation's latest prompt (token ids) and the instance it was routed to,
-and answers a command with a prefill of that prompt (`max_tokens: 1`) on that instance. The engine then
-finds what its own cache lost in the tiers (the connector loads it) or computes it, before the turn
-arrives instead of while it waits.
-
-When: a warmed block lives in an engine until about a pool's worth of other blocks has been read or
-computed there since (vLLM evicts the least recently used free block), so at the rate the gateway sends
-prompt blocks to the instance a warm lives `life = pool / rate`. A warm is used only if the turn comes
-within that life. The gateway sees every turn of the conversations it routes, so it knows the gaps
-between turns; at `elapsed` ms after a conversation's last request, the chance its turn falls within
-the warm's life is `P(elapsed + prefill < gap <= elapsed + life) / P(gap > elapsed)` over those gaps
-(`Gaps`), where `prefill` is how long the warm itself takes: FTL = base + m * delta (docs/design.md
-§2.1), fit per instance to the first-token times the gateway measured there (m: the share of a prompt
-computed). A command is answered when that chance reaches `min_precision`, at the earliest moment it
-does, and dropped (`unlikely`) when it never does: with gaps much longer than a warm lives (a pool too
-small for the traffic) no timing makes warms pay, and none is sent. Until `Gaps` knows 20 gaps, the turn time
-the command carries (`deadline_ms`) is used: the warm goes `survive_fraction` of its life before it.
-A warm goes only to an idle instance (nothing in flight from here, nothing queued): a speculative
-prefill must never delay a real request; a busy instance is tried again every `retry_ms`. The turn
-arriving first cancels the warm (`overtaken`).
-
-Each warm has an outcome, decided by the conversation's next request: `used` when it was routed to the
-warmed instance and found the warmed prompt still there (its last full block held), `wasted` when it went
-elsewhere or the blocks were evicted first. What warming costs is the prefill: the tokens the instance
-did not hold when it was warmed; what it saves, the same fit's m * delta for each used warm.
+A warm lives `life = pool / rate` in the engine; `elapsed` ms after the conversation's last request it
+goes once `P(elapsed + prefill < gap <= elapsed + life) / P(gap > elapsed)` over the gaps seen (`Gaps`)
+reaches `min_precision`, `prefill` from FTL = base + m * delta (docs/design.md §2.1) fit per instance;
+until `Gaps` knows 20 gaps, `survive_fraction` of its life before `deadline_ms`. Only to an idle
+instance (again every `retry_ms`). Outcomes: used, wasted, overtaken, unlikely.
+How it works: docs/gateway.md ("Warming an engine for the next turn").
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """What the heat service does with each event, without Kafka: feed the AI-native policy and turn its
 scores into `heat.scores.v1` decisions (keep / evict / keep_alive), publishing only what changed.
 
-Event time (`occurred_at_ms`) drives the policy's clock, so a replay and the live service agree.
-
-`kv.events.v1` is keyed by block hash, so the blocks of one chain sit on different partitions and a
-child can arrive before its parent. The policy never admits a block whose parent it does not hold
-(an orphan can never be a prefix hit), so the engine parks such a child until its parent arrives,
-for at most `orphan_hold_ms` of event time and `max_orphans` blocks; past either it is applied as
-it is (and rejected, as an orphan). Parked blocks are not checkpointed: a restart forgets them.
-
-Several heat services share the partitions through their consumer group, each the owner of its keys:
-`apply` is told where an event came from (topic, partition), and when a rebalance takes partitions
-away, `forget` drops the keys that arrived on them (their new owner decides them from then on, and no
-decision about them goes out from here again). A chain's blocks sit on any partition, so a block's
-parent may belong to another owner (`foreign_parent`); such a block starts a chain here instead of
-waiting for a parent that will never arrive.
+Event time (`occurred_at_ms`) drives the policy's clock, so a replay and the live service agree. A child
+block that arrives before its parent is parked (`orphan_hold_ms`, `max_orphans`); with several heat
+services each decides the keys of its own partitions (`apply` is told where an event came from, `forget`
+drops the keys of partitions taken away). How and why: docs/heat.md ("The heat engine").
 """
 
 from __future__ import annotations

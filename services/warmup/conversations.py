@@ -1,19 +1,11 @@
 """Conversations between their turns: which KV blocks each one holds, which of them the engine has
-dropped since (`kv.block_removed`), and when its next turn is likely to start, so its blocks are brought
-back just before it (not at the end of the last turn, when they are still resident and would be evicted
-again before they are read).
+dropped since (`kv.block_removed`), and when its next turn is likely to start.
 
-The next turn is expected after the conversation's own mean idle gap between turns (an exponential
-average), or, before it has one, after the median of every conversation's gaps. A warmup is due once
-the early part of that gap has passed: the gap times the ratio of the lower quartile to the median of
-all observed gaps (regular pauses: close to 1, the load lands just before the turn; memoryless ones:
-early, since any moment is as likely), `lead_fraction` until 20 gaps are known, minus the time the
-blocks take to load. A conversation is warmed at most once per turn (a warmup that evicts other
-conversations' blocks must not set off theirs in turn). Without any removal events (an engine that
-does not report them) every block of the conversation is warmed.
-
-How early each warmup was: the turn it was for is the peak it had to meet, so Δt = t_turn - t_warm
-(`measured`: >= 0, loaded before the turn asked; the load itself takes part of it).
+A warmup is due once the early part of the expected gap has passed: the conversation's own mean idle gap
+(an exponential average; before it has one, the median of every conversation's gaps) times the ratio of
+the lower quartile to the median of all observed gaps (`lead_fraction` until 20 gaps are known), minus
+the time the blocks take to load; at most once per turn. How early each warmup was: Δt = t_turn -
+t_warm. Why this timing: docs/warmup.md ("Conversations between their turns").
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """What to warm, when, and where (docs/design.md §2.1, §2.5, §3.3): pure decisions from the events
 the warmup service hears, each carrying why (window, cluster, band, source).
 
-Sources of a warmup:
-- drift: the keys of a cluster labelled pulse or migrating (stream.drift.v1), inside the band;
-- penetration: the blocks that followed the penetrated prefix before (learned from kv.events.v1 parent
-  links: the most frequent child, `prefix_depth` deep), inside the band;
-- conversation: the KV blocks a conversation lost between its turns, loaded just before its next turn
-  is expected (`conversations.py`), to the node that serves it, so that turn finds them in the fast
-  tiers. This follows a conversation known to go on, so it does not wait for the band (the band gates
-  burst prediction);
-- neighbours: keys close to a key whose heat is rising (its drift cluster, and what the service finds
-  near its embedding), inside the band.
-A byte budget caps prefetching; a key warmed in the last `rewarm_after_ms` is not warmed again.
+Four sources, drift, penetration, conversation and neighbours, all but conversation inside the band
+(docs/warmup.md, "The warmup planner"). A byte budget caps prefetching; a key warmed in the last
+`rewarm_after_ms` is not warmed again.
 """
 
 from __future__ import annotations

@@ -2,18 +2,10 @@
 expected, an ended conversation's blocks leave first, and blocks of no conversation fall back to LRU.
 
 Belady's rule (evict the block whose next use is farthest; Belady 1966) with the next use predicted:
-for a conversation idle for `a` ms, the expected rest of its pause E[G - a | G > a] (the mean residual
-life) from the pooled gaps of every conversation, scaled by the conversation's own mean gap against
-the pooled median (a slow talker stays slow). Regular pauses make the conversation just served the
-farthest (it leaves first, those about to return stay); memoryless ones make every idle conversation
-equal (nothing to predict, no worse than LRU); a pause longer than any seen means the conversation has
-most likely ended. The wait is divided by the chance that a conversation with as many turns goes on at
-all (learned from those seen to end: signalled, or presumed from such a pause), so blocks of a
-conversation at a turn count where most conversations stop leave before those of one likely to go on.
-With fewer than `min_gaps` gaps, or for a block of no conversation, the estimate is its age (LRU).
-Within a conversation the deepest block leaves first, so the GPU keeps a whole prefix.
-Parameters: `turn_idle_ms` (an access this long after the last starts a new turn: the planner's),
-`min_gaps` 8, the last `max_gaps` 512 gaps, gap average weight `gap_alpha` 0.5.
+the mean residual life E[G - a | G > a] of the pooled pauses for a conversation idle `a` ms, scaled by
+its own mean gap against the pooled median and divided by the chance that it goes on at all.
+Parameters: `turn_idle_ms` (the planner's), `min_gaps` 8 (fewer: LRU), the last `max_gaps` 512 gaps,
+gap average weight `gap_alpha` 0.5. Why: docs/warmup.md ("GPU-tier retention").
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """The KV-block routes of the tier node's API: how much of a prompt's KV a node already holds, and the
 blocks themselves in one call (LMCache's `lookup` / `retrieve`, Mooncake's batch get, over HTTP).
 
-POST /v1/prefix takes a chain of block keys in prompt order and answers the longest cached prefix (a
-block after the first miss is of no use to the engine: its attention needs every block before it),
-with the tier and node of each block in it. POST /v1/blocks/fetch answers many blocks' values in one
-binary body (blockframe.py documents it). Both take at most `max_batch` keys (413 beyond); the fetch
-stops adding values once the body would pass `max_request_bytes` (those blocks come back "omitted").
-POST /v1/blocks/locate says where the leading blocks of a chain lie in this node's L2 pool when the pool
-is a shared-memory segment: an engine on the same host copies them out itself and checks each against
-the crc32 given (a block freed and reused meanwhile fails it). POST /v1/blocks/put writes many KV blocks
-in the same frame (every record a hit): content-addressed
-blocks (`kv:` keys, cachemesh_client/kvkeys.py), each a `kv_block` value in the cachemesh encoding; the
-whole body is checked before anything is written, and a bad one is refused with the reason.
+POST /v1/prefix, /v1/blocks/fetch, /v1/blocks/locate and /v1/blocks/put; what each takes and answers:
+docs/tiers.md ("The KV-block routes").
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route annotations at runtime.

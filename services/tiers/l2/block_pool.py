@@ -1,16 +1,11 @@
 """The L2 block pool (docs/design.md §3.2): one contiguous buffer of 16 KB pages, each page carved
 into blocks of a single class (256 B, 512 B or 2 KB) chosen by payload size, and payloads larger than
-a page (KV blocks: a 32-token block of an 8-head, 4-layer model is 256 KB) in one block spanning a run
-of whole pages, read and written in one copy.
+a page in one block spanning a run of whole pages, read and written in one copy.
 
-Blocks carry a reference count and a last-use time and move Allocated -> Active (acquired) -> Inactive
-(no references for `inactive_after_ms`) -> reclaimed, least recently used first, when an allocation
-finds no room. Fragmentation = (free total - largest free contiguous run) / free total, over bytes.
-The buffer is CuPy device memory when a GPU is present, numpy host memory otherwise; the allocator's
-bookkeeping is host-side numpy either way, so one code path serves both (`xp` is the array module).
-Host memory can be a POSIX shared-memory segment (`shared=True`, named in `segment`), which an engine
-on the same host maps read-only to copy KV blocks out without a socket (docs/design.md §1.1: L2 shareable
-across processes).
+Blocks go Allocated -> Active -> Inactive (`inactive_after_ms`) -> reclaimed, least recently used first.
+The buffer is CuPy device memory or numpy host memory (`xp`), host memory optionally a POSIX
+shared-memory segment (`shared=True`). The lifecycle, fragmentation and the shared segment:
+docs/tiers.md ("The L2 block pool").
 """
 
 from __future__ import annotations

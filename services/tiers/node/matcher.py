@@ -1,18 +1,10 @@
 """The node's match decision (matching/decision.py) over its entries: which semantic candidate a lookup
 serves, the per-entry feedback it learns from, and whether a write makes a neighbour stale.
 
-Default (`delta` None): a fixed cosine floor plus the guards. The floor is the stricter of the request's
-`tolerance` and the entry's `similarity_tolerance` (DEFAULT_SIMILARITY_FLOOR unless the writer set
-another); the guards (negation, numbers/dates/units, entities, opposites) veto a candidate when both the
-request's text and the entry's prompt text are known; a lookup by embedding alone skips them. Feedback
-is recorded per entry: an entry rated wrong at similarity s is not served at or below s again.
-Learned (`delta` set): matching/threshold.py's threshold at that δ (the pooled sigmoid of
-matching/calibration.py; δ per model from `deltas`), explored with its probability: a cold pool
-(fewer than 20 labels) serves nothing by similarity, it explores until its labels certify δ; an
-entry's tolerance is then a floor only when it differs from the node's default (a stored default would
-cap the learned threshold at the old fixed one). The learner's state lives in this process only.
-Semantic invalidation always uses the fixed rule (the write's threshold plus the guards): a write must
-never leave more stale neighbours behind than the threshold allows.
+Default (`delta` None): a fixed cosine floor plus the guards; learned (`delta` set): the threshold of
+matching/threshold.py at that δ. Semantic invalidation always uses the fixed rule: a write must never
+leave more stale neighbours behind than the threshold allows. In full: docs/tiers.md ("The node's
+matcher").
 """
 
 from __future__ import annotations

@@ -2,15 +2,8 @@
 placement (`Placement`, placement.py), lookups (`LookupExecutor`, executor.py, walking the plan of
 plan.py; the matcher decides), writes, L3 write-behind, events and stats.
 
-- put (write-with-sync): L3 first (the store of record; the `CacheInvalidated` recorded in its outbox by
-  the same transaction), then L1 and L2; entries on this node at least `similarity_tolerance` similar go
-  at once unless the match guards say they ask a different question; the invalidation is queued for
-  every node, and again `double_delete_delay_ms` later. Nothing here waits on Kafka.
-- L3 sits behind a latency circuit breaker (P99 > 150 ms): while it is open lookups are served from
-  L1/L2 only (`degraded`) and writes wait in a bounded write-behind queue.
-- Degrade to local-only (degrade.py): `check_mode` feeds the guard on the housekeeping tick.
-- Events: access records queued for `cache.access.v1`; from other services: invalidations, heat
-  decisions, tier commands, conversation ends.
+What a put does (write-with-sync), the L3 breaker, local-only mode and the events a node hears:
+docs/tiers.md ("The tiered cache of a node").
 """
 
 from __future__ import annotations

@@ -1,33 +1,8 @@
 """The block wire format, sans I/O: frames and every op's payload (the RDMA handshake included) as bytes in,
 typed values out, validated; no asyncio, no sockets (`transport.py` and `rdma.py` carry the bytes).
 
-Frame (little-endian, request and response alike)::
-
-    magic "CMB1" | op u8 | status u8 | reserved u16 | request_id u32 | block_id u64 | payload_len u32
-    payload (payload_len bytes, at most max_frame_bytes)
-
-Requests on one connection are answered in order. A response with a nonzero status carries a utf-8
-error message as payload. Ops and their payloads:
-
-    READ      -> the block's written bytes
-    WRITE     bytes at offset 0                     (refused by a read-only server)
-    ALLOCATE  size u32 -> block_id                  (refused by a read-only server)
-    FREE / ACQUIRE / RELEASE                        (refused by a read-only server)
-    FIND      key utf-8 (<= 512 chars) -> `Located`: the entry's block spans, size, crc32 and descriptor
-              (NOT_FOUND when the node's L2 does not hold the key; UNSUPPORTED without a key directory)
-    INFO      -> capacity u32 | length u32 | state u8 | pad 3 | refcount i32
-    COMMIT    offset u32 | nbytes u32: a one-sided RDMA WRITE put these bytes into the block
-    HELLO     the RDMA handshake below; UNSUPPORTED without an RDMA device
-    AUTH      the mesh token (the tier node's `api_token`). A server with a token answers every other op
-              UNAUTHORIZED, and hangs up, until the connection has sent it; a wrong token is answered
-              UNAUTHORIZED and the connection is closed. A server without a token accepts any AUTH.
-
-HELLO payloads::
-
-    client -> server  "CMR1" | version u8 | flags u8 (bit 0: wants write) | QP info
-    server -> client  "CMR1" | version u8 | flags u8 (bit 0: writable)    | QP info
-                      | pool address u64 | rkey u32 | pool length u64
-    QP info           gid 16 B | qp_num u32 | psn u32 | lid u16 | path mtu u8 (ibv_mtu) | reserved u8
+The frame, the ops and their payloads, AUTH and the HELLO handshake: docs/tiers.md ("The block
+transport's frames").
 """
 
 from __future__ import annotations

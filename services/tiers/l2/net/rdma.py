@@ -2,18 +2,9 @@
 travel on the TCP frame channel (transport.py), data moves by one-sided RDMA READ / WRITE against the peer's
 registered pool buffer, so the peer's CPU never touches a read.
 
-The handshake (op HELLO) is encoded in `frames.py`; addresses and batches are planned in `rdma_plan.py`.
-The server registers its host-memory pool buffer as one memory region (remote read, and remote write
-only when served writable), creates one RC queue pair per HELLO and moves it to RTS with the client's
-QP info; the client moves its own to RTS with the answer. A block's remote address is
-`pool address + block_id * 256 (+ offset)`. A read is INFO (for the length, over TCP) then RDMA READ; a
-write is INFO (capacity), RDMA WRITE, then COMMIT (the server records the length); `gather` needs no
-INFO: FIND already gave the spans. Completions are polled from the CQ; a failed one leaves the queue
-pair in error, so the session is dropped and the next call shakes hands afresh.
-
-The op sequence over an `RdmaEndpoint` is unit-tested with an in-memory endpoint. `PyverbsEndpoint` /
-`PyverbsExporter` import pyverbs lazily; without it or without a device they raise `RdmaUnavailable`.
-They have not run on an RDMA device yet (none here): their tests are marked `rdma`.
+`PyverbsEndpoint` / `PyverbsExporter` import pyverbs lazily and raise `RdmaUnavailable` without it or a
+device; they have not run on an RDMA device yet (their tests are marked `rdma`). The handshake, the
+addresses and the op sequence: docs/tiers.md ("The RDMA adapter").
 """
 
 from __future__ import annotations
