@@ -13,11 +13,12 @@ Ends with a summary of what the tier nodes and the dashboard saw.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -491,11 +492,31 @@ def delta_t_since(snapshot: dict[str, Any], since_s: float) -> list[int]:
     ]
 
 
+async def wait_for_embedder(client: Any, model: str, timeout_s: float = 600.0) -> str:
+    """Until the node's embedding model has loaded (the first start on a machine exports it: half a
+    minute or more, during which every write or lookup by text waits); returns its final state."""
+    deadline = time.monotonic() + timeout_s
+    asked: list[asyncio.Task[None]] = []  # kept: the loop holds tasks weakly
+    while True:
+        state = str(((await client.stats()).get("embedder") or {}).get("state") or "none")
+        if state in ("ready", "failed", "none") or time.monotonic() > deadline:
+            return state
+        if state == "idle" and not asked:  # not preloaded: a lookup by text starts the load
+            asked.append(asyncio.create_task(_quietly(client.lookup(text="warm up", model=model))))
+        await asyncio.sleep(0.5)
+
+
+async def _quietly(call: Awaitable[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await call
+
+
 async def run_demo(
     mesh: MeshState,
     plan: DemoPlan,
     on_start: Callable[[int, int], None] = lambda kv, qa: None,
     on: Progress = lambda name, n: None,
+    on_wait: Callable[[str], None] = lambda what: None,
 ) -> DemoReport:
     """Drives both streams; raises LookupError when the mesh has no tier node to talk to."""
     from cachemesh_client import AsyncTiersClient
@@ -507,11 +528,14 @@ async def run_demo(
         if node is None:
             raise LookupError("the mesh has no healthy tiers service (see `cachemesh status`)")
         api, node_id = node
-        events = kv_events(plan, int(time.time() * 1000), node_id or None)
-        on_start(len(events), plan.pairs)
         token = os.environ.get("CACHEMESH_TIERS_API_TOKEN")
         store = BlockStore(session, api, token)
         async with AsyncTiersClient(api, token=token, timeout_s=30) as client:
+            on_wait("the tier node's embedding model (a first start exports it: about a minute)")
+            await wait_for_embedder(client, plan.model)
+            # Stamped now, after the wait: the streams' windows and warmup's turns run on these times.
+            events = kv_events(plan, int(time.time() * 1000), node_id or None)
+            on_start(len(events), plan.pairs)
             report.before = await client.stats()
             report.board_before = dict((await board_snapshot(session, mesh)).get("totals") or {})
             started_s = time.time()
@@ -568,7 +592,9 @@ def main(plan: DemoPlan, as_json: bool = False) -> int:
             bar.update(tasks[name], completed=n)
 
         try:
-            report = asyncio.run(run_demo(mesh, plan, start, step))
+            report = asyncio.run(
+                run_demo(mesh, plan, start, step, lambda what: console.print(f"waiting for {what}"))
+            )
         except LookupError as exc:
             Console(stderr=True).print(f"[red]{exc}[/]")
             return 1
