@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--million-accesses", type=int, default=0, help="its accesses (default 2x the keys)")
     parser.add_argument("--out", type=Path, default=OUT / "heat_cost.json")
     args = parser.parse_args()
-    console = Console()
+    console = Console(width=170)
     paths = [p for p in trace_paths(DATA) if not args.trace or any(t in p.name for t in args.trace)]
     results: dict[str, dict[str, float]] = {}
     with Progress(console=console, transient=True) as progress:
