@@ -26,11 +26,6 @@ def reader(bootstrap: str, client_id: str, **options: Any) -> AIOKafkaConsumer:
     )
 
 
-def consumer(bootstrap: str, **options: Any) -> AIOKafkaConsumer:
-    """A consumer (not started); `options` as aiokafka names them."""
-    return AIOKafkaConsumer(bootstrap_servers=bootstrap, **options)
-
-
 @asynccontextmanager
 async def admin(bootstrap: str, client_id: str) -> AsyncIterator[AIOKafkaAdminClient]:
     """A started admin client, closed on the way out (also when it could not start)."""
