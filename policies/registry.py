@@ -79,9 +79,9 @@ def _sieve() -> type[Policy]:
 
 
 def _heat() -> type[Policy]:
-    from policies.learned.heat import HeatPolicy
+    from policies.learned.compiled import CompiledHeat
 
-    return HeatPolicy
+    return CompiledHeat
 
 
 def _opt() -> type[Policy]:

@@ -390,6 +390,17 @@ class HeatPolicy(MeshSignals, Policy):
                     return v
         return self._coldest_leaf(t.used.copy(), exclude)
 
+    def retire_table(self) -> None:
+        """A compiled core took the entries over (compiled.py): free what held them."""
+        self.table = EntryTable(1, 1)
+        self.raw, self.eff = np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
+        self.crf, self.extended = np.zeros(1), np.zeros(1, dtype=bool)
+        self._slot, self._keys, self._free = {}, [None], [0]
+        self._ghost = GhostTable(2)
+        self._leaves = LeafQueue(self.table, self.crf, self._lambda, 1)
+        self.sketch = FrequencySketch(1)
+        self.panel = None
+
     def _enter_prefix_mode(self) -> None:
         """The first block that names a parent: chains are evicted leaf by leaf by combined
         recency-frequency, so the panel (whose experts know no chains) retires."""

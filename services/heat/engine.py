@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable
 
 from policies.base import AccessMeta, Eviction
+from policies.learned.compiled import CompiledHeat
 from policies.learned.heat import HeatPolicy
 from schemas.events import (
     AttentionHeatReported,
@@ -41,7 +42,7 @@ def attention_heat(head_heat: list[float]) -> float:
 class HeatEngine:
     def __init__(
         self,
-        policy: HeatPolicy,
+        policy: HeatPolicy | CompiledHeat,
         orphan_hold_ms: int = 5_000,
         max_orphans: int = 10_000,
         foreign_parent: Callable[[str], bool] | None = None,

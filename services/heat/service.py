@@ -18,7 +18,7 @@ from aiokafka import TopicPartition
 from aiokafka.partitioner import murmur2
 from prometheus_client import Counter, Gauge
 
-from policies.learned.heat import HeatPolicy
+from policies.learned.compiled import CompiledHeat
 from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded, KvBlockStored
 from schemas.topics import qualified
 from services.heat.checkpoint import dump_scorer, load_scorer
@@ -47,7 +47,7 @@ class HeatService(Service):
     def __init__(self, settings: HeatSettings) -> None:
         super().__init__(settings)
         self.heat_settings = settings
-        policy = HeatPolicy(settings.capacity, seed=settings.seed, rescore_ms=settings.rescore_interval_ms)
+        policy = CompiledHeat(settings.capacity, seed=settings.seed, rescore_ms=settings.rescore_interval_ms)
         self.engine = HeatEngine(policy)
         self.model_version: int | None = None
         self._publisher: EventPublisher | None = None

@@ -1,0 +1,591 @@
+//! The heat policy in prefix-chain mode (`policies/learned/heat.py` once a block names a parent):
+//! leaves evicted by combined recency-frequency plus the learned re-use term, ended / expired entries
+//! first, cold clusters whole. Decision for decision the Python reference's (the differential tests
+//! replay both); one struct of arrays indexed by slot, no object per entry.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+
+use crate::ghost::Ghosts;
+use crate::leaves::{Item, Leaves};
+use crate::reuse::Reuse;
+use crate::sketch::Sketch;
+
+pub const CAPACITY: u8 = 0;
+pub const REJECTED: u8 = 1;
+pub const EXPIRED: u8 = 2;
+pub const CONTEXT_ENDED: u8 = 3;
+pub const COLD_CLUSTER: u8 = 4;
+const NO_GAP: i64 = -1;
+
+/// Integer keys hash with one multiply (they are block hashes or dense ids already).
+#[derive(Default)]
+pub struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_i64(&mut self, n: i64) {
+        let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
+
+#[derive(Clone, Copy, Default)]
+pub struct Meta {
+    pub trace: Option<i32>,
+    pub ttl_ms: Option<i64>,
+    pub attention: Option<f32>,
+    pub cluster: Option<i64>,
+}
+
+pub struct Params {
+    pub capacity: i64,
+    pub seed: u64,
+    pub chain_reuse: bool,
+    pub chain_reuse_weight: f64,
+    pub chain_half_life: f64,
+    pub rescore_ms: i64,
+    pub rescore_accesses: i64,
+    pub neighbour_tau: f32,
+    pub cold_cluster: f64,
+    pub prior_recency: f64,
+}
+
+pub struct Core {
+    pub p: Params,
+    lam: f64,
+    time_scale: f64,
+    // the entry table, one column per field (slot-indexed)
+    pub key: Vec<i64>,
+    pub used: Vec<bool>,
+    pub last_tick: Vec<i64>,
+    pub gap: Vec<i64>,
+    pub crf: Vec<f64>,
+    pub bonus: Vec<f64>,
+    pub extended: Vec<bool>,
+    pub size: Vec<u32>,
+    pub inserted_ms: Vec<i64>,
+    pub ttl_ms: Vec<i64>,
+    pub trace: Vec<i32>,
+    pub depth: Vec<i32>,
+    pub parent: Vec<i32>,
+    pub children: Vec<i32>,
+    pub freq: Vec<u8>,
+    pub freq_epoch: Vec<u32>,
+    pub hits: Vec<u32>,
+    pub attention: Vec<f32>,
+    pub has_attention: Vec<bool>,
+    pub cluster: Vec<i64>,
+    pub distance: Vec<f32>,
+    pub raw: Vec<f32>,
+    pub eff: Vec<f32>,
+    pub unscored: Vec<bool>,
+    pub map: IdMap<u32>,
+    pub free: Vec<u32>,
+    pub doomed: Vec<(u32, u8)>,
+    pub ended: HashSet<i32>,
+    pub used_total: i64,
+    pub tick: i64,
+    pub now_ms: i64,
+    pub last_rescore_ms: Option<i64>,
+    pub last_rescore_tick: i64,
+    pub rescores: u64,
+    pub sketch: Sketch,
+    pub ghosts: Ghosts,
+    pub reuse: Option<Reuse>,
+    leaves: Leaves,
+}
+
+impl Core {
+    pub fn new(p: Params) -> Self {
+        let cap = p.capacity;
+        let slots = (cap + 1) as usize;
+        let lam = 1.0 / (p.chain_half_life * cap as f64);
+        let reuse = if p.chain_reuse { Some(Reuse::new(3 * cap, p.chain_reuse_weight)) } else { None };
+        Core {
+            lam,
+            time_scale: (64.0 * cap.max(16) as f64).ln_1p(),
+            key: vec![0; slots],
+            used: vec![false; slots],
+            last_tick: vec![0; slots],
+            gap: vec![NO_GAP; slots],
+            crf: vec![0.0; slots],
+            bonus: vec![0.0; slots],
+            extended: vec![false; slots],
+            size: vec![1; slots],
+            inserted_ms: vec![0; slots],
+            ttl_ms: vec![0; slots],
+            trace: vec![-1; slots],
+            depth: vec![0; slots],
+            parent: vec![-1; slots],
+            children: vec![0; slots],
+            freq: vec![0; slots],
+            freq_epoch: vec![0; slots],
+            hits: vec![0; slots],
+            attention: vec![0.0; slots],
+            has_attention: vec![false; slots],
+            cluster: vec![-1; slots],
+            distance: vec![0.0; slots],
+            raw: vec![0.0; slots],
+            eff: vec![0.0; slots],
+            unscored: vec![false; slots],
+            map: IdMap::default(),
+            free: (0..slots as u32).rev().collect(),
+            doomed: Vec::new(),
+            ended: HashSet::new(),
+            used_total: 0,
+            tick: 0,
+            now_ms: 0,
+            last_rescore_ms: None,
+            last_rescore_tick: 0,
+            rescores: 0,
+            sketch: Sketch::new(cap as u64, p.seed),
+            ghosts: Ghosts::new(4 * cap as usize),
+            reuse,
+            leaves: Leaves::default(),
+            p,
+        }
+    }
+
+    pub fn contains(&self, key: i64) -> bool {
+        self.map.contains_key(&key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    // -- accesses ------------------------------------------------------------------------------
+
+    pub fn on_hit(&mut self, key: i64, now_ms: i64, parent: Option<i64>, meta: &Meta) {
+        let s = self.map[&key] as usize;
+        self.tick += 1;
+        self.now_ms = now_ms;
+        self.sketch.increment(key);
+        let (tick, last) = (self.tick, self.last_tick[s]);
+        self.gap[s] = tick - last;
+        self.crf[s] = 1.0 + self.crf[s] * 2f64.powf(-self.lam * (tick - last) as f64);
+        self.last_tick[s] = tick;
+        self.hits[s] += 1;
+        self.hear_chain(key, parent);
+        if self.children[s] == 0 {
+            self.push_leaf(s);
+        }
+        self.freq[s] = self.sketch.frequency(key);
+        self.freq_epoch[s] = self.sketch.resets;
+        self.apply_meta(s, meta);
+        self.maybe_rescore(now_ms);
+    }
+
+    /// Admits `key` or rejects it; what must leave is appended to `out` as (key, reason).
+    pub fn on_miss(
+        &mut self,
+        key: i64,
+        now_ms: i64,
+        size: u32,
+        parent: Option<i64>,
+        meta: &Meta,
+        out: &mut Vec<(i64, u8)>,
+    ) {
+        self.tick += 1;
+        self.now_ms = now_ms;
+        self.sketch.increment(key);
+        if size as i64 > self.p.capacity {
+            out.push((key, REJECTED));
+            return;
+        }
+        let mut pslot: i64 = -1;
+        if let Some(p) = parent {
+            match self.map.get(&p) {
+                Some(&ps) => pslot = ps as i64,
+                None => {
+                    out.push((key, REJECTED)); // an orphan block can never be hit
+                    return;
+                }
+            }
+        }
+        self.hear_chain(key, parent);
+        self.maybe_rescore(now_ms);
+        let s = self.stage(key, size, pslot, meta);
+        while self.used_total + size as i64 > self.p.capacity {
+            let v = self.pick_victim(pslot);
+            if v < 0 {
+                self.unstage(s);
+                out.push((key, REJECTED));
+                return;
+            }
+            self.evict(v as usize, out);
+        }
+        self.used[s] = true;
+        self.map.insert(key, s as u32);
+        self.key[s] = key;
+        self.used_total += self.size[s] as i64;
+        self.unscored[s] = true;
+        self.push_leaf(s);
+    }
+
+    pub fn remove(&mut self, key: i64) {
+        if let Some(&s) = self.map.get(&key) {
+            self.release(s as usize);
+        }
+    }
+
+    fn hear_chain(&mut self, key: i64, parent: Option<i64>) {
+        if let Some(r) = self.reuse.as_mut() {
+            r.heard(key, self.tick);
+            if let Some(p) = parent {
+                r.extended(p);
+            }
+        }
+    }
+
+    fn apply_meta(&mut self, s: usize, meta: &Meta) {
+        if let Some(a) = meta.attention {
+            self.attention[s] = a.clamp(0.0, 1.0);
+            self.has_attention[s] = true;
+        }
+        if let Some(t) = meta.trace {
+            self.trace[s] = t;
+        }
+        if let Some(ttl) = meta.ttl_ms {
+            self.ttl_ms[s] = ttl;
+            self.inserted_ms[s] = self.now_ms;
+        }
+        if let Some(c) = meta.cluster {
+            self.cluster[s] = c;
+        }
+    }
+
+    // -- the leaf queue ----------------------------------------------------------------------------
+
+    fn priority(&self, s: usize) -> f64 {
+        self.crf[s].log2() + self.lam * self.last_tick[s] as f64 + self.bonus[s]
+    }
+
+    fn push_leaf(&mut self, s: usize) {
+        if let Some(r) = self.reuse.as_ref() {
+            self.bonus[s] = r.bonus(self.extended[s]);
+        }
+        let pr = self.priority(s);
+        self.leaves.push(pr, s as u32);
+        if self.leaves.heap.len() as i64 > 4 * self.p.capacity + 64 {
+            let mut items = Vec::with_capacity(self.map.len());
+            for leaf in 0..self.used.len() {
+                if self.used[leaf] && self.children[leaf] == 0 {
+                    self.leaves.serial += 1;
+                    items.push(Item { priority: self.priority(leaf), serial: self.leaves.serial, slot: leaf as u32 });
+                }
+            }
+            self.leaves.heap = items.into();
+        }
+    }
+
+    /// Every resident leaf queued, in slot order (what entering prefix mode does).
+    pub fn start_chains(&mut self) {
+        for s in 0..self.used.len() {
+            if self.used[s] && self.children[s] == 0 {
+                self.push_leaf(s);
+            }
+        }
+    }
+
+    fn least_leaf(&mut self, exclude: i64) -> i64 {
+        let mut skipped: Vec<Item> = Vec::new();
+        let mut found = -1;
+        while let Some(top) = self.leaves.heap.peek().copied() {
+            let s = top.slot as usize;
+            if !self.used[s] || self.children[s] != 0 || self.priority(s) != top.priority {
+                self.leaves.heap.pop();
+                continue;
+            }
+            if s as i64 == exclude {
+                skipped.push(top);
+                self.leaves.heap.pop();
+                continue;
+            }
+            found = s as i64;
+            break;
+        }
+        for item in skipped {
+            self.leaves.heap.push(item);
+        }
+        found
+    }
+
+    // -- eviction ----------------------------------------------------------------------------------
+
+    fn pick_victim(&mut self, exclude: i64) -> i64 {
+        for &(s, _) in &self.doomed {
+            if self.children[s as usize] == 0 && s as i64 != exclude {
+                return s as i64;
+            }
+        }
+        self.least_leaf(exclude)
+    }
+
+    fn evict(&mut self, v: usize, out: &mut Vec<(i64, u8)>) {
+        if let Some(&(_, reason)) = self.doomed.iter().find(|d| d.0 as usize == v) {
+            self.evict_one(v, reason, out);
+            return;
+        }
+        let c = self.cluster[v];
+        if c >= 0 {
+            let members: Vec<usize> = (0..self.used.len()).filter(|&m| self.used[m] && self.cluster[m] == c).collect();
+            self.fresh(&members);
+            let hottest = members.iter().map(|&m| self.raw[m]).fold(f32::NEG_INFINITY, f32::max);
+            if (hottest as f64) < self.p.cold_cluster {
+                self.evict_one(v, COLD_CLUSTER, out);
+                for m in self.deepest_first(members) {
+                    if m != v && self.used[m] && self.children[m] == 0 {
+                        self.evict_one(m, COLD_CLUSTER, out);
+                    }
+                }
+                return;
+            }
+        }
+        self.evict_one(v, CAPACITY, out);
+    }
+
+    fn deepest_first(&self, mut slots: Vec<usize>) -> Vec<usize> {
+        slots.sort_by_key(|&s| -(self.depth[s] as i64)); // stable: equal depths keep slot order
+        slots
+    }
+
+    fn evict_one(&mut self, s: usize, reason: u8, out: &mut Vec<(i64, u8)>) {
+        let key = self.key[s];
+        self.ghosts.put(key, self.last_tick[s], self.crf[s]);
+        self.release(s);
+        out.push((key, reason));
+    }
+
+    fn reset_slot(&mut self, s: usize) {
+        self.used[s] = false;
+        self.gap[s] = NO_GAP;
+        self.freq[s] = 0;
+        self.freq_epoch[s] = 0;
+        self.hits[s] = 0;
+        self.attention[s] = 0.0;
+        self.has_attention[s] = false;
+        self.size[s] = 1;
+        self.ttl_ms[s] = 0;
+        self.trace[s] = -1;
+        self.depth[s] = 0;
+        self.parent[s] = -1;
+        self.children[s] = 0;
+        self.cluster[s] = -1;
+        self.distance[s] = 0.0;
+    }
+
+    fn release(&mut self, s: usize) {
+        self.map.remove(&self.key[s]);
+        self.used_total -= self.size[s] as i64;
+        self.doomed.retain(|d| d.0 as usize != s);
+        self.unscored[s] = false;
+        let parent = self.parent[s];
+        if self.children[s] > 0 {
+            // Removed from outside (delete / invalidation): its children lose their parent link.
+            for c in 0..self.used.len() {
+                if self.used[c] && self.parent[c] == s as i32 {
+                    self.parent[c] = -1;
+                }
+            }
+        }
+        self.reset_slot(s);
+        self.extended[s] = false;
+        self.raw[s] = 0.0;
+        self.eff[s] = 0.0;
+        self.crf[s] = 0.0;
+        self.free.push(s as u32);
+        if parent >= 0 {
+            let p = parent as usize;
+            self.children[p] -= 1;
+            if self.children[p] == 0 {
+                self.push_leaf(p);
+            }
+        }
+    }
+
+    fn stage(&mut self, key: i64, size: u32, pslot: i64, meta: &Meta) -> usize {
+        let s = self.free.pop().expect("a free slot: capacity + 1 slots, at most capacity used") as usize;
+        self.last_tick[s] = self.tick;
+        self.inserted_ms[s] = self.now_ms;
+        self.size[s] = size;
+        self.freq[s] = self.sketch.frequency(key);
+        self.freq_epoch[s] = self.sketch.resets;
+        match self.ghosts.pop(key) {
+            None => self.crf[s] = 1.0,
+            Some((last, crf)) => {
+                self.gap[s] = self.tick - last;
+                self.crf[s] = 1.0 + crf * 2f64.powf(-self.lam * (self.tick - last) as f64);
+            }
+        }
+        if pslot >= 0 {
+            let p = pslot as usize;
+            self.parent[s] = pslot as i32;
+            self.depth[s] = self.depth[p] + 1;
+            self.children[p] += 1;
+            self.extended[p] = true;
+        }
+        self.apply_meta(s, meta);
+        s
+    }
+
+    fn unstage(&mut self, s: usize) {
+        let parent = self.parent[s];
+        self.reset_slot(s);
+        self.free.push(s as u32);
+        if parent >= 0 {
+            self.children[parent as usize] -= 1;
+        }
+    }
+
+    // -- heat (the prior: prefix chains are not scored by the model) ---------------------------------
+
+    fn maybe_rescore(&mut self, now_ms: i64) {
+        match self.last_rescore_ms {
+            None => {
+                self.last_rescore_ms = Some(now_ms);
+                self.last_rescore_tick = self.tick;
+            }
+            Some(last) => {
+                if now_ms - last >= self.p.rescore_ms && self.tick - self.last_rescore_tick >= self.p.rescore_accesses {
+                    self.rescore(now_ms);
+                }
+            }
+        }
+    }
+
+    pub fn rescore(&mut self, now_ms: i64) {
+        self.last_rescore_ms = Some(now_ms);
+        self.last_rescore_tick = self.tick;
+        self.rescores += 1;
+        self.unscored.iter_mut().for_each(|u| *u = false);
+        let idx: Vec<usize> = (0..self.used.len()).filter(|&s| self.used[s]).collect();
+        if idx.is_empty() {
+            return;
+        }
+        // numpy's float32 arithmetic of `HeatPolicy._score_all` (the prior), step by step
+        let w = self.p.prior_recency as f32;
+        let w1 = (1.0 - self.p.prior_recency) as f32;
+        let mut hottest: HashMap<i64, f32> = HashMap::new();
+        for &s in &idx {
+            let age = (self.tick - self.last_tick[s]).max(0) as f64;
+            let rf0 = ((age.ln_1p() / self.time_scale).min(1.0)) as f32;
+            let rf1 = self.frequency_feature(s) as f32;
+            let raw = w * (1.0 - rf0) + w1 * rf1;
+            self.raw[s] = raw;
+            self.eff[s] = raw;
+            let c = self.cluster[s];
+            if c >= 0 {
+                let h = hottest.entry(c).or_insert(0.0);
+                *h = h.max(raw);
+            }
+        }
+        if !hottest.is_empty() {
+            let tau = self.p.neighbour_tau;
+            for &s in &idx {
+                let c = self.cluster[s];
+                if c >= 0 {
+                    let keep = hottest[&c] * (-self.distance[s] / tau).exp();
+                    self.eff[s] = self.eff[s].max(keep);
+                }
+            }
+        }
+        for &s in &idx {
+            let t = self.trace[s];
+            if t >= 0 && self.ended.contains(&t) {
+                self.doom(s, CONTEXT_ENDED);
+            }
+        }
+        for &s in &idx {
+            let ttl = self.ttl_ms[s];
+            if ttl > 0 && now_ms - self.inserted_ms[s] >= ttl {
+                self.doom(s, EXPIRED);
+            }
+        }
+    }
+
+    fn frequency_feature(&self, s: usize) -> f64 {
+        self.freq[s] as f64 / 16.0 / 2f64.powi(self.sketch.resets as i32 - self.freq_epoch[s] as i32)
+    }
+
+    fn score_one(&self, s: usize) -> f32 {
+        let age = (self.tick - self.last_tick[s]).max(0) as f64;
+        let f0 = (age.ln_1p() / self.time_scale).min(1.0);
+        let w = self.p.prior_recency;
+        (w * (1.0 - f0) + (1.0 - w) * self.frequency_feature(s)) as f32
+    }
+
+    fn fresh(&mut self, slots: &[usize]) {
+        for &s in slots {
+            if self.unscored[s] {
+                self.unscored[s] = false;
+                if !self.doomed.iter().any(|d| d.0 as usize == s) {
+                    let h = self.score_one(s);
+                    self.raw[s] = h;
+                    self.eff[s] = h;
+                }
+            }
+        }
+    }
+
+    pub fn fresh_all(&mut self) {
+        let all: Vec<usize> = (0..self.unscored.len()).filter(|&s| self.unscored[s]).collect();
+        self.fresh(&all);
+    }
+
+    fn doom(&mut self, s: usize, reason: u8) {
+        match self.doomed.iter_mut().find(|d| d.0 as usize == s) {
+            Some(d) => d.1 = reason,
+            None => self.doomed.push((s as u32, reason)),
+        }
+        self.eff[s] = if reason == CONTEXT_ENDED { -1.0 } else { -2.0 };
+    }
+
+    // -- mesh signals --------------------------------------------------------------------------------
+
+    pub fn end_trace(&mut self, tid: i32, evict: bool, out: &mut Vec<(i64, u8)>) {
+        self.ended.insert(tid);
+        let members: Vec<usize> = (0..self.used.len()).filter(|&s| self.used[s] && self.trace[s] == tid).collect();
+        for s in self.deepest_first(members) {
+            if evict && self.children[s] == 0 {
+                self.evict_one(s, CONTEXT_ENDED, out);
+            } else {
+                self.doom(s, CONTEXT_ENDED);
+            }
+        }
+    }
+
+    pub fn expire(&mut self, now_ms: i64, out: &mut Vec<(i64, u8)>) {
+        let dead: Vec<usize> = (0..self.used.len())
+            .filter(|&s| self.used[s] && self.ttl_ms[s] > 0 && now_ms - self.inserted_ms[s] >= self.ttl_ms[s])
+            .collect();
+        for s in self.deepest_first(dead) {
+            if self.children[s] == 0 {
+                self.evict_one(s, EXPIRED, out);
+            } else {
+                self.doom(s, EXPIRED);
+            }
+        }
+    }
+
+    /// Bytes this core holds (its arrays, the key map, the heap, ghosts, sketch, pending labels).
+    pub fn bytes(&self) -> usize {
+        let per_slot = 8 + 1 + 8 + 8 + 8 + 8 + 1 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 1 + 8 + 4 + 4 + 4 + 1;
+        let slots = self.used.len() * per_slot + self.free.capacity() * 4;
+        let map = self.map.capacity() * 17;
+        slots
+            + map
+            + self.leaves.bytes()
+            + self.ghosts.bytes()
+            + self.sketch.bytes()
+            + self.reuse.as_ref().map_or(0, |r| r.bytes())
+    }
+}

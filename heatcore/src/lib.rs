@@ -1,0 +1,391 @@
+//! `cachemesh_heatcore`: the heat policy's prefix-chain core (core.rs) for Python. Keys are 64-bit
+//! integers (the Python side interns other keys); evictions come back as (key, reason code) with the
+//! codes of `REASONS`. `replay_prefix` takes a whole trace in one call.
+
+mod core;
+mod ghost;
+mod leaves;
+mod reuse;
+mod sketch;
+
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::{PyKeyError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::core::{Core, Meta, Params};
+
+#[pyclass(module = "cachemesh_heatcore", unsendable)]
+struct ChainHeat {
+    core: Core,
+    out: Vec<(i64, u8)>,
+}
+
+fn meta(trace: Option<i32>, ttl_ms: Option<i64>, attention: Option<f32>, cluster: Option<i64>) -> Meta {
+    Meta { trace, ttl_ms, attention, cluster }
+}
+
+#[pymethods]
+impl ChainHeat {
+    #[new]
+    #[pyo3(signature = (capacity, *, seed=0, chain_reuse=true, chain_reuse_weight=1.0, chain_half_life=3.0,
+        rescore_ms=100, rescore_accesses=None, neighbour_tau=0.1, cold_cluster=0.05,
+        prior_recency=0.5))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        capacity: i64,
+        seed: u64,
+        chain_reuse: bool,
+        chain_reuse_weight: f64,
+        chain_half_life: f64,
+        rescore_ms: i64,
+        rescore_accesses: Option<i64>,
+        neighbour_tau: f32,
+        cold_cluster: f64,
+        prior_recency: f64,
+    ) -> PyResult<Self> {
+        if capacity <= 0 {
+            return Err(PyValueError::new_err(format!("capacity must be positive, got {capacity}")));
+        }
+        let p = Params {
+            capacity,
+            seed,
+            chain_reuse,
+            chain_reuse_weight,
+            chain_half_life,
+            rescore_ms,
+            rescore_accesses: rescore_accesses.unwrap_or(capacity / 8),
+            neighbour_tau,
+            cold_cluster,
+            prior_recency,
+        };
+        Ok(ChainHeat { core: Core::new(p), out: Vec::new() })
+    }
+
+    #[getter]
+    fn capacity(&self) -> i64 {
+        self.core.p.capacity
+    }
+
+    #[getter]
+    fn used(&self) -> i64 {
+        self.core.used_total
+    }
+
+    #[getter]
+    fn tick(&self) -> i64 {
+        self.core.tick
+    }
+
+    #[getter]
+    fn rescores(&self) -> u64 {
+        self.core.rescores
+    }
+
+    fn __contains__(&self, key: i64) -> bool {
+        self.core.contains(key)
+    }
+
+    fn __len__(&self) -> usize {
+        self.core.len()
+    }
+
+    #[pyo3(signature = (key, now_ms, parent=None, trace=None, ttl_ms=None, attention=None, cluster=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn on_hit(
+        &mut self,
+        key: i64,
+        now_ms: i64,
+        parent: Option<i64>,
+        trace: Option<i32>,
+        ttl_ms: Option<i64>,
+        attention: Option<f32>,
+        cluster: Option<i64>,
+    ) -> PyResult<()> {
+        if !self.core.contains(key) {
+            return Err(PyKeyError::new_err(key));
+        }
+        self.core.on_hit(key, now_ms, parent, &meta(trace, ttl_ms, attention, cluster));
+        Ok(())
+    }
+
+    #[pyo3(signature = (key, now_ms, size=1, parent=None, trace=None, ttl_ms=None, attention=None, cluster=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn on_miss(
+        &mut self,
+        key: i64,
+        now_ms: i64,
+        size: u32,
+        parent: Option<i64>,
+        trace: Option<i32>,
+        ttl_ms: Option<i64>,
+        attention: Option<f32>,
+        cluster: Option<i64>,
+    ) -> Vec<(i64, u8)> {
+        self.out.clear();
+        self.core.on_miss(key, now_ms, size, parent, &meta(trace, ttl_ms, attention, cluster), &mut self.out);
+        std::mem::take(&mut self.out)
+    }
+
+    fn remove(&mut self, key: i64) {
+        self.core.remove(key);
+    }
+
+    #[pyo3(signature = (trace, evict=true))]
+    fn end_trace(&mut self, trace: i32, evict: bool) -> Vec<(i64, u8)> {
+        let mut out = Vec::new();
+        self.core.end_trace(trace, evict, &mut out);
+        out
+    }
+
+    fn expire(&mut self, now_ms: i64) -> Vec<(i64, u8)> {
+        let mut out = Vec::new();
+        self.core.expire(now_ms, &mut out);
+        out
+    }
+
+    #[pyo3(signature = (now_ms=None))]
+    fn rescore(&mut self, now_ms: Option<i64>) {
+        let now = now_ms.unwrap_or(self.core.now_ms);
+        self.core.rescore(now);
+    }
+
+    /// Attention heat for a resident key (False: not resident, the caller keeps it for later).
+    fn observe_attention(&mut self, key: i64, heat: f32) -> bool {
+        match self.core.map.get(&key) {
+            Some(&s) => {
+                self.core.attention[s as usize] = heat.clamp(0.0, 1.0);
+                self.core.has_attention[s as usize] = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn observe_cluster(&mut self, key: i64, cluster: i64, distance: f32) {
+        if let Some(&s) = self.core.map.get(&key) {
+            self.core.cluster[s as usize] = cluster;
+            self.core.distance[s as usize] = distance;
+        }
+    }
+
+    fn heat(&mut self, key: i64) -> Option<f64> {
+        let s = *self.core.map.get(&key)? as usize;
+        self.core.fresh_all();
+        Some((self.core.eff[s] as f64).max(0.0))
+    }
+
+    /// (keys, effective heat, raw heat, cluster, has resident children) per resident entry, by slot.
+    #[allow(clippy::type_complexity)]
+    fn table<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> (
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<f32>>,
+        Bound<'py, PyArray1<f32>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<bool>>,
+    ) {
+        self.core.fresh_all();
+        let c = &self.core;
+        let idx: Vec<usize> = (0..c.used.len()).filter(|&s| c.used[s]).collect();
+        (
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.key[s])),
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.eff[s])),
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.raw[s])),
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.cluster[s])),
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.children[s] > 0)),
+        )
+    }
+
+    /// Replays a prefix trace (request r covers keys[starts[r]:starts[r+1]], each block the parent of
+    /// the next) as `sim.replay` does; returns the per-access hit mask (the resident prefix).
+    fn replay_prefix<'py>(
+        &mut self,
+        py: Python<'py>,
+        keys: PyReadonlyArray1<'py, i64>,
+        starts: PyReadonlyArray1<'py, i64>,
+        times: PyReadonlyArray1<'py, i64>,
+    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        let (keys, starts, times) = (keys.as_slice()?, starts.as_slice()?, times.as_slice()?);
+        if keys.len() != times.len() {
+            return Err(PyValueError::new_err("keys and times differ in length"));
+        }
+        if starts.windows(2).any(|w| w[0] > w[1]) || starts.last().is_some_and(|&e| e as usize > keys.len()) {
+            return Err(PyValueError::new_err("starts must rise and stay within the keys"));
+        }
+        let mut mask = vec![false; keys.len()];
+        let none = Meta::default();
+        let mut out = Vec::new();
+        let core = &mut self.core;
+        py.allow_threads(|| {
+            for r in starts.windows(2) {
+                let mut in_prefix = true;
+                let mut parent: Option<i64> = None;
+                for i in r[0] as usize..r[1] as usize {
+                    let key = keys[i];
+                    if core.contains(key) {
+                        core.on_hit(key, times[i], parent, &none);
+                        mask[i] = in_prefix;
+                    } else {
+                        in_prefix = false;
+                        out.clear();
+                        core.on_miss(key, times[i], 1, parent, &none, &mut out);
+                    }
+                    parent = Some(key);
+                }
+            }
+        });
+        Ok(PyArray1::from_vec(py, mask))
+    }
+
+    /// Bytes the core holds.
+    fn nbytes(&self) -> usize {
+        self.core.bytes()
+    }
+
+    // -- taking over a Python HeatPolicy when it enters prefix mode ------------------------------------
+
+    #[pyo3(signature = (slot, key, last_tick, gap, crf, size, inserted_ms, ttl_ms, trace, depth, parent,
+        children, freq, freq_epoch, hits, attention, has_attention, cluster, distance, raw, eff, extended, unscored))]
+    #[allow(clippy::too_many_arguments)]
+    fn load_slot(
+        &mut self,
+        slot: usize,
+        key: i64,
+        last_tick: i64,
+        gap: i64,
+        crf: f64,
+        size: u32,
+        inserted_ms: i64,
+        ttl_ms: i64,
+        trace: i32,
+        depth: i32,
+        parent: i32,
+        children: i32,
+        freq: u8,
+        freq_epoch: u32,
+        hits: u32,
+        attention: f32,
+        has_attention: bool,
+        cluster: i64,
+        distance: f32,
+        raw: f32,
+        eff: f32,
+        extended: bool,
+        unscored: bool,
+    ) -> PyResult<()> {
+        let c = &mut self.core;
+        if slot >= c.used.len() {
+            return Err(PyValueError::new_err(format!("slot {slot} out of range")));
+        }
+        c.used[slot] = true;
+        c.key[slot] = key;
+        c.map.insert(key, slot as u32);
+        c.last_tick[slot] = last_tick;
+        c.gap[slot] = gap;
+        c.crf[slot] = crf;
+        c.size[slot] = size;
+        c.used_total += size as i64;
+        c.inserted_ms[slot] = inserted_ms;
+        c.ttl_ms[slot] = ttl_ms;
+        c.trace[slot] = trace;
+        c.depth[slot] = depth;
+        c.parent[slot] = parent;
+        c.children[slot] = children;
+        c.freq[slot] = freq;
+        c.freq_epoch[slot] = freq_epoch;
+        c.hits[slot] = hits;
+        c.attention[slot] = attention;
+        c.has_attention[slot] = has_attention;
+        c.cluster[slot] = cluster;
+        c.distance[slot] = distance;
+        c.raw[slot] = raw;
+        c.eff[slot] = eff;
+        c.extended[slot] = extended;
+        c.unscored[slot] = unscored;
+        Ok(())
+    }
+
+    #[pyo3(signature = (free, doomed, ended, tick, now_ms, last_rescore_ms, last_rescore_tick, rescores))]
+    #[allow(clippy::too_many_arguments)]
+    fn load_state(
+        &mut self,
+        free: Vec<u32>,
+        doomed: Vec<(u32, u8)>,
+        ended: Vec<i32>,
+        tick: i64,
+        now_ms: i64,
+        last_rescore_ms: Option<i64>,
+        last_rescore_tick: i64,
+        rescores: u64,
+    ) {
+        let c = &mut self.core;
+        c.free = free;
+        c.doomed = doomed;
+        c.ended = ended.into_iter().collect();
+        c.tick = tick;
+        c.now_ms = now_ms;
+        c.last_rescore_ms = last_rescore_ms;
+        c.last_rescore_tick = last_rescore_tick;
+        c.rescores = rescores;
+    }
+
+    fn load_ghosts(
+        &mut self,
+        tag: PyReadonlyArray1<'_, i64>,
+        last: PyReadonlyArray1<'_, i64>,
+        crf: PyReadonlyArray1<'_, f32>,
+    ) -> PyResult<()> {
+        let g = &mut self.core.ghosts;
+        let (tag, last, crf) = (tag.as_slice()?, last.as_slice()?, crf.as_slice()?);
+        if tag.len() != g.tag.len() || last.len() != g.last.len() || crf.len() != g.crf.len() {
+            return Err(PyValueError::new_err("ghost table of another size"));
+        }
+        g.tag.copy_from_slice(tag);
+        g.last.copy_from_slice(last);
+        g.crf.copy_from_slice(crf);
+        Ok(())
+    }
+
+    fn load_sketch(&mut self, table: &[u8], door: &[u8], additions: u64, resets: u32) -> PyResult<()> {
+        self.core.sketch.load(table, door, additions, resets).map_err(PyValueError::new_err)
+    }
+
+    /// The chain re-use model's counts: (yes, seen, labels).
+    fn reuse_counts(&self) -> Option<(Vec<f64>, Vec<f64>, u64)> {
+        self.core.reuse.as_ref().map(|r| (r.yes.to_vec(), r.seen.to_vec(), r.labels))
+    }
+
+    /// The chain re-use model's counts (a checkpoint's); the pending labels are left as they are.
+    fn load_reuse(&mut self, yes: [f64; 2], seen: [f64; 2], labels: u64) -> PyResult<()> {
+        let r = self.core.reuse.as_mut().ok_or_else(|| PyValueError::new_err("chain re-use is off"))?;
+        if (0..2).any(|b| !(0.0 <= yes[b] && yes[b] <= seen[b])) {
+            return Err(PyValueError::new_err("chain re-use counts must satisfy 0 <= yes <= seen"));
+        }
+        r.yes = yes;
+        r.seen = seen;
+        r.labels = labels;
+        r.refresh();
+        Ok(())
+    }
+
+    /// The labels the chain re-use model waits for: key -> 2 * tick + extended, and (tick, key) in order.
+    fn load_reuse_pending(&mut self, pending: Vec<(i64, i64)>, order: Vec<(i64, i64)>) -> PyResult<()> {
+        let r = self.core.reuse.as_mut().ok_or_else(|| PyValueError::new_err("chain re-use is off"))?;
+        r.pending = pending.into_iter().collect();
+        r.order = order.into_iter().collect();
+        Ok(())
+    }
+
+    fn start_chains(&mut self) {
+        self.core.start_chains();
+    }
+}
+
+#[pymodule]
+fn cachemesh_heatcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<ChainHeat>()?;
+    m.add("REASONS", ("capacity", "rejected", "expired", "context_ended", "cold_cluster"))?;
+    Ok(())
+}
