@@ -1,11 +1,13 @@
 """What heat costs per access and per tracked entry, beside libCacheSim's own ARC, LRU and S3-FIFO (timed
 over the whole trace inside their C code: `process_trace` on an oracleGeneral file) and the project's
-Python ARC, in one run, on the dev traces and on a generated trace of 1M distinct keys.
+Python ARC, in one run, on the dev traces and on two generated traces of 1M distinct keys (Zipf, and
+prefix chains). On prefix traces heat runs compiled (`policies/learned/compiled.py`), timed beside the
+Python reference it replaced.
 
 Bytes per entry are Python's allocations (tracemalloc) held by a policy after it has taken the trace,
-divided by the entries it holds; libCacheSim's C allocations are not visible to tracemalloc and are not
-reported. Writes bench/results/heat_cost.json (`{"<trace>": {"heat_ns_per_access": .., ...}}`) and
-heat_cost.png.
+plus what heat's compiled core holds, divided by the entries it holds; libCacheSim's C allocations are
+not visible to tracemalloc and are not reported. Writes bench/results/heat_cost.json
+(`{"<trace>": {"heat_ns_per_access": .., ...}}`) and heat_cost.png.
 
     .venv/bin/python -m bench.heat_cost [--trace cs --trace mooncake] [--limit 200000]
         [--million-keys 1000000] [--out bench/results/heat_cost.json]
@@ -20,6 +22,7 @@ import math
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,9 @@ from rich.table import Table
 
 from bench.libcachesim_check import truncate
 from bench.policies import DATA, LIRS_FRACTIONS, MOONCAKE_CAPACITIES, OUT, trace_paths
+from policies import make_policy
+from policies.base import Policy
+from policies.learned.heat import HeatPolicy
 from sim.replay import replay
 from sim.traces import Trace, from_keys, read_trace
 
@@ -54,12 +60,37 @@ def million_keys(n_keys: int, accesses: int, seed: int = 0) -> Trace:
     return from_keys(f"zipf-{n_keys // 1000}k", np.concatenate([rng.permutation(n_keys), zipf]))
 
 
-def ns_per_access_ours(trace: Trace, policy: str, capacity: int) -> tuple[float, float]:
-    """(ns per access, hit rate) of the project's `policy` replayed in process."""
-    from policies import make_policy
+def million_chains(n_keys: int, seed: int = 0) -> Trace:
+    """Prefix traffic over `n_keys` blocks: conversations (Zipf(0.9) over them) re-walk their chain and
+    extend it by 1-4 new blocks per request, until every block exists; a request is one millisecond."""
+    rng = np.random.default_rng(seed)
+    n_conv = max(1, n_keys // 32)
+    p = np.arange(1, n_conv + 1, dtype=np.float64) ** -0.9
+    chains: list[list[int]] = [[] for _ in range(n_conv)]
+    keys: list[int] = []
+    starts = [0]
+    made = 0
+    picks = rng.choice(n_conv, size=4 * n_keys, p=p / p.sum()).tolist()
+    grow = rng.integers(1, 5, size=len(picks)).tolist()
+    for conv, more in zip(picks, grow, strict=True):
+        if made >= n_keys:
+            break
+        chain = chains[conv]
+        new = min(more, n_keys - made)
+        chain.extend(range(made, made + new))
+        made += new
+        keys.extend(chain[-64:] if len(chain) > 64 else chain)  # a request walks its last 64 blocks
+        starts.append(len(keys))
+    times = np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
+    return Trace(
+        f"chains-{n_keys // 1000}k", np.asarray(keys, dtype=np.int64), times, np.asarray(starts), True
+    )
 
+
+def ns_per_access_ours(trace: Trace, policy: Policy) -> tuple[float, float]:
+    """(ns per access, hit rate) of the project's `policy` replayed in process."""
     gc.collect()
-    result = replay(trace, make_policy(policy, capacity))
+    result = replay(trace, policy)
     return result.seconds * 1e9 / max(1, result.accesses), result.hits / max(1, result.accesses)
 
 
@@ -85,22 +116,23 @@ def write_oracle(trace: Trace, path: Path) -> None:
     records.tofile(path)
 
 
-def bytes_per_entry(trace: Trace, policy: str, capacity: int) -> float:
-    """Python allocations held by `policy` after taking `trace`, per entry it holds."""
-    from policies import make_policy
-
+def bytes_per_entry(trace: Trace, build: Callable[[], Policy]) -> float:
+    """Python allocations held by a policy after taking `trace`, plus what a compiled core holds
+    (`native_bytes`), per entry it holds."""
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    built = make_policy(policy, capacity)
+    built = build()
     replay(trace, built)
     gc.collect()
-    held = tracemalloc.get_traced_memory()[0] - before
+    held = tracemalloc.get_traced_memory()[0] - before + getattr(built, "native_bytes", 0)
     tracemalloc.stop()
     return held / max(1, len(built))
 
 
-def measure(trace: Trace, capacity: int, console: Console) -> dict[str, float]:
+def measure(
+    trace: Trace, capacity: int, console: Console, reference_limit: int = 300_000
+) -> dict[str, float]:
     row: dict[str, float] = {"accesses": len(trace), "distinct": trace.distinct, "capacity": capacity}
     with tempfile.TemporaryDirectory() as scratch:
         oracle = Path(scratch) / "trace.oracleGeneral"
@@ -109,13 +141,21 @@ def measure(trace: Trace, capacity: int, console: Console) -> dict[str, float]:
             row[f"{label}_ns_per_access"], row[f"{label}_hit_rate"] = ns_per_access_lcs(
                 trace, name, capacity, oracle
             )
-    row["py_arc_ns_per_access"], row["py_arc_hit_rate"] = ns_per_access_ours(trace, "arc", capacity)
-    row["heat_ns_per_access"], row["heat_hit_rate"] = ns_per_access_ours(trace, "heat", capacity)
-    row["heat_bytes_per_entry"] = bytes_per_entry(trace, "heat", capacity)
-    row["py_arc_bytes_per_entry"] = bytes_per_entry(trace, "arc", capacity)
+    row["py_arc_ns_per_access"], row["py_arc_hit_rate"] = ns_per_access_ours(
+        trace, make_policy("arc", capacity)
+    )
+    heat = make_policy("heat", capacity)  # what the service and the replayer run (compiled.CompiledHeat)
+    row["heat_ns_per_access"], row["heat_hit_rate"] = ns_per_access_ours(trace, heat)
+    row["heat_compiled"] = float(getattr(heat, "core", None) is not None)
+    if row["heat_compiled"] and len(trace) <= reference_limit:
+        # The Python reference it replaced (the differential tests' oracle), on the same trace.
+        row["heat_reference_ns_per_access"], _ = ns_per_access_ours(trace, HeatPolicy(capacity))
+    row["heat_bytes_per_entry"] = bytes_per_entry(trace, lambda: make_policy("heat", capacity))
+    row["py_arc_bytes_per_entry"] = bytes_per_entry(trace, lambda: make_policy("arc", capacity))
     row["heat_over_lcs_arc"] = row["heat_ns_per_access"] / row["lcs_arc_ns_per_access"]
     console.log(
         f"{trace.name}: heat {row['heat_ns_per_access']:.0f} ns/access, {row['heat_over_lcs_arc']:.1f}x ARC"
+        f" ({'compiled' if row['heat_compiled'] else 'python'})"
     )
     return row
 
@@ -130,6 +170,8 @@ def table(results: dict[str, dict[str, float]]) -> Table:
         "lcs S3-FIFO",
         "py ARC",
         "heat",
+        "core",
+        "python heat",
         "heat / lcs ARC",
         "heat B/entry",
         "py ARC B/entry",
@@ -144,6 +186,8 @@ def table(results: dict[str, dict[str, float]]) -> Table:
             f"{r['lcs_s3fifo_ns_per_access']:.0f}",
             f"{r['py_arc_ns_per_access']:.0f}",
             f"{r['heat_ns_per_access']:.0f}",
+            "compiled" if r.get("heat_compiled") else "python",
+            f"{r['heat_reference_ns_per_access']:.0f}" if "heat_reference_ns_per_access" in r else "-",
             f"{r['heat_over_lcs_arc']:.1f}x",
             f"{r['heat_bytes_per_entry']:.0f}",
             f"{r['py_arc_bytes_per_entry']:.0f}",
@@ -191,7 +235,7 @@ def main() -> None:
     paths = [p for p in trace_paths(DATA) if not args.trace or any(t in p.name for t in args.trace)]
     results: dict[str, dict[str, float]] = {}
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("traces", total=len(paths) + (1 if args.million_keys else 0))
+        task = progress.add_task("traces", total=len(paths) + (2 if args.million_keys else 0))
         for path in paths:
             trace = truncate(read_trace(path), args.limit)
             results[trace.name] = measure(trace, capacity_of(trace), console)
@@ -199,6 +243,9 @@ def main() -> None:
         if args.million_keys:
             big = million_keys(args.million_keys, args.million_accesses or 2 * args.million_keys)
             results[big.name] = measure(big, args.million_keys, console)
+            progress.advance(task)
+            chains = million_chains(args.million_keys)
+            results[chains.name] = measure(chains, args.million_keys, console)
             progress.advance(task)
     console.print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)

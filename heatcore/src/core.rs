@@ -35,7 +35,13 @@ impl Hasher for IdHasher {
         self.0 = h ^ (h >> 29);
     }
 }
-type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
+pub type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
+
+/// 2^x by libm's `pow`, as Python's `2.0 ** x` computes it (a constant base 2 would be compiled
+/// into `exp2`, which may round the last bit differently).
+fn pow2(x: f64) -> f64 {
+    std::hint::black_box(2.0f64).powf(x)
+}
 
 #[derive(Clone, Copy, Default)]
 pub struct Meta {
@@ -97,6 +103,10 @@ pub struct Core {
     pub last_rescore_ms: Option<i64>,
     pub last_rescore_tick: i64,
     pub rescores: u64,
+    /// Some entry was given a cluster (heat then decides cold clusters: re-scores score every entry)
+    pub clusters_seen: bool,
+    /// Some entry was given a TTL (re-scores look for expired entries)
+    pub ttls_seen: bool,
     pub sketch: Sketch,
     pub ghosts: Ghosts,
     pub reuse: Option<Reuse>,
@@ -146,6 +156,8 @@ impl Core {
             last_rescore_ms: None,
             last_rescore_tick: 0,
             rescores: 0,
+            clusters_seen: false,
+            ttls_seen: false,
             sketch: Sketch::new(cap as u64, p.seed),
             ghosts: Ghosts::new(4 * cap as usize),
             reuse,
@@ -164,14 +176,18 @@ impl Core {
 
     // -- accesses ------------------------------------------------------------------------------
 
-    pub fn on_hit(&mut self, key: i64, now_ms: i64, parent: Option<i64>, meta: &Meta) {
-        let s = self.map[&key] as usize;
+    pub fn slot_of(&self, key: i64) -> Option<usize> {
+        self.map.get(&key).map(|&s| s as usize)
+    }
+
+    /// A hit on resident `key`, at slot `s` (`slot_of`).
+    pub fn on_hit(&mut self, s: usize, key: i64, now_ms: i64, parent: Option<i64>, meta: &Meta) {
         self.tick += 1;
         self.now_ms = now_ms;
         self.sketch.increment(key);
         let (tick, last) = (self.tick, self.last_tick[s]);
         self.gap[s] = tick - last;
-        self.crf[s] = 1.0 + self.crf[s] * 2f64.powf(-self.lam * (tick - last) as f64);
+        self.crf[s] = 1.0 + self.crf[s] * pow2(-self.lam * (tick - last) as f64);
         self.last_tick[s] = tick;
         self.hits[s] += 1;
         self.hear_chain(key, parent);
@@ -255,10 +271,12 @@ impl Core {
             self.trace[s] = t;
         }
         if let Some(ttl) = meta.ttl_ms {
+            self.ttls_seen = true;
             self.ttl_ms[s] = ttl;
             self.inserted_ms[s] = self.now_ms;
         }
         if let Some(c) = meta.cluster {
+            self.clusters_seen = true;
             self.cluster[s] = c;
         }
     }
@@ -423,7 +441,7 @@ impl Core {
             None => self.crf[s] = 1.0,
             Some((last, crf)) => {
                 self.gap[s] = self.tick - last;
-                self.crf[s] = 1.0 + crf * 2f64.powf(-self.lam * (self.tick - last) as f64);
+                self.crf[s] = 1.0 + crf * pow2(-self.lam * (self.tick - last) as f64);
             }
         }
         if pslot >= 0 {
@@ -466,8 +484,17 @@ impl Core {
         self.last_rescore_ms = Some(now_ms);
         self.last_rescore_tick = self.tick;
         self.rescores += 1;
-        self.unscored.iter_mut().for_each(|u| *u = false);
         let idx: Vec<usize> = (0..self.used.len()).filter(|&s| self.used[s]).collect();
+        if !self.clusters_seen {
+            // Without clusters no decision reads the heat (leaves go by CRF): entries are scored
+            // when it is asked for (`fresh`), by the clock of that moment.
+            for &s in &idx {
+                self.unscored[s] = true;
+            }
+            self.doom_dead(&idx, now_ms);
+            return;
+        }
+        self.unscored.iter_mut().for_each(|u| *u = false);
         if idx.is_empty() {
             return;
         }
@@ -498,16 +525,24 @@ impl Core {
                 }
             }
         }
-        for &s in &idx {
-            let t = self.trace[s];
-            if t >= 0 && self.ended.contains(&t) {
-                self.doom(s, CONTEXT_ENDED);
+        self.doom_dead(&idx, now_ms);
+    }
+
+    fn doom_dead(&mut self, idx: &[usize], now_ms: i64) {
+        if !self.ended.is_empty() {
+            for &s in idx {
+                let t = self.trace[s];
+                if t >= 0 && self.ended.contains(&t) {
+                    self.doom(s, CONTEXT_ENDED);
+                }
             }
         }
-        for &s in &idx {
-            let ttl = self.ttl_ms[s];
-            if ttl > 0 && now_ms - self.inserted_ms[s] >= ttl {
-                self.doom(s, EXPIRED);
+        if self.ttls_seen {
+            for &s in idx {
+                let ttl = self.ttl_ms[s];
+                if ttl > 0 && now_ms - self.inserted_ms[s] >= ttl {
+                    self.doom(s, EXPIRED);
+                }
             }
         }
     }

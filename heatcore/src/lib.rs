@@ -101,10 +101,8 @@ impl ChainHeat {
         attention: Option<f32>,
         cluster: Option<i64>,
     ) -> PyResult<()> {
-        if !self.core.contains(key) {
-            return Err(PyKeyError::new_err(key));
-        }
-        self.core.on_hit(key, now_ms, parent, &meta(trace, ttl_ms, attention, cluster));
+        let s = self.core.slot_of(key).ok_or_else(|| PyKeyError::new_err(key))?;
+        self.core.on_hit(s, key, now_ms, parent, &meta(trace, ttl_ms, attention, cluster));
         Ok(())
     }
 
@@ -163,6 +161,7 @@ impl ChainHeat {
 
     fn observe_cluster(&mut self, key: i64, cluster: i64, distance: f32) {
         if let Some(&s) = self.core.map.get(&key) {
+            self.core.clusters_seen = true;
             self.core.cluster[s as usize] = cluster;
             self.core.distance[s as usize] = distance;
         }
@@ -224,8 +223,8 @@ impl ChainHeat {
                 let mut parent: Option<i64> = None;
                 for i in r[0] as usize..r[1] as usize {
                     let key = keys[i];
-                    if core.contains(key) {
-                        core.on_hit(key, times[i], parent, &none);
+                    if let Some(s) = core.slot_of(key) {
+                        core.on_hit(s, key, times[i], parent, &none);
                         mask[i] = in_prefix;
                     } else {
                         in_prefix = false;
@@ -299,6 +298,8 @@ impl ChainHeat {
         c.attention[slot] = attention;
         c.has_attention[slot] = has_attention;
         c.cluster[slot] = cluster;
+        c.clusters_seen |= cluster >= 0;
+        c.ttls_seen |= ttl_ms > 0;
         c.distance[slot] = distance;
         c.raw[slot] = raw;
         c.eff[slot] = eff;

@@ -1,6 +1,8 @@
 //! `chains.ChainReuse`: P(re-used within the horizon | the block was ever extended), learned online.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use crate::core::IdMap;
 
 pub struct Reuse {
     pub horizon: i64,
@@ -12,7 +14,7 @@ pub struct Reuse {
     pub labels: u64,
     bonus: [f64; 2],
     /// key -> 2 * tick watched + (extended since)
-    pub pending: HashMap<i64, i64>,
+    pub pending: IdMap<i64>,
     pub order: VecDeque<(i64, i64)>,
 }
 
@@ -27,7 +29,7 @@ impl Reuse {
             seen: [0.0; 2],
             labels: 0,
             bonus: [0.0; 2],
-            pending: HashMap::new(),
+            pending: IdMap::default(),
             order: VecDeque::new(),
         };
         r.refresh();

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.heat_cost import million_keys, ns_per_access_lcs, ns_per_access_ours, write_oracle
+from bench.heat_cost import million_chains, million_keys, ns_per_access_lcs, ns_per_access_ours, write_oracle
+from policies import make_policy
 
 
 def test_the_generated_trace_touches_every_key_first() -> None:
@@ -19,5 +20,19 @@ def test_libcachesim_reads_the_written_trace_as_our_replayer_does(tmp_path: Path
     write_oracle(trace, oracle)
     assert oracle.stat().st_size == 24 * len(trace)
     _, theirs = ns_per_access_lcs(trace, "LRU", 60, oracle)
-    _, ours = ns_per_access_ours(trace, "lru", 60)
+    _, ours = ns_per_access_ours(trace, make_policy("lru", 60))
     assert np.isclose(theirs, ours, atol=1e-9), (theirs, ours)
+
+
+def test_the_generated_chains_have_every_key_and_walk_from_the_root() -> None:
+    trace = million_chains(3_000, seed=1)
+    assert trace.prefix and trace.distinct == 3_000
+    starts = trace.starts.tolist()
+    assert starts[0] == 0 and starts[-1] == len(trace)
+    # a request walks its conversation's chain in order: no block before its parent
+    seen: set[int] = set()
+    for r in range(len(starts) - 1):
+        walk = trace.keys[starts[r] : starts[r + 1]].tolist()
+        assert walk and len(set(walk)) == len(walk) <= 64
+        seen.update(walk)
+    assert len(seen) == 3_000
