@@ -37,7 +37,6 @@ class ChainHeat:
         parent: int | None = None,
         trace: int | None = None,
         ttl_ms: int | None = None,
-        attention: float | None = None,
         cluster: int | None = None,
     ) -> None: ...
     def on_miss(
@@ -48,7 +47,6 @@ class ChainHeat:
         parent: int | None = None,
         trace: int | None = None,
         ttl_ms: int | None = None,
-        attention: float | None = None,
         cluster: int | None = None,
     ) -> list[tuple[int, int]]: ...
     def remove(self, key: int) -> None: ...
@@ -76,7 +74,6 @@ class ChainHeat:
         slot: int,
         key: int,
         last_tick: int,
-        gap: int,
         crf: float,
         size: int,
         inserted_ms: int,
@@ -87,9 +84,6 @@ class ChainHeat:
         children: int,
         freq: int,
         freq_epoch: int,
-        hits: int,
-        attention: float,
-        has_attention: bool,
         cluster: int,
         distance: float,
         raw: float,

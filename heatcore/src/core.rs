@@ -7,7 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::ghost::Ghosts;
-use crate::leaves::{Item, Leaves};
+use crate::index::KeyIndex;
+use crate::leaves::Leaves;
 use crate::reuse::Reuse;
 use crate::sketch::Sketch;
 
@@ -16,7 +17,6 @@ pub const REJECTED: u8 = 1;
 pub const EXPIRED: u8 = 2;
 pub const CONTEXT_ENDED: u8 = 3;
 pub const COLD_CLUSTER: u8 = 4;
-const NO_GAP: i64 = -1;
 
 /// Integer keys hash with one multiply (they are block hashes or dense ids already).
 #[derive(Default)]
@@ -47,7 +47,6 @@ fn pow2(x: f64) -> f64 {
 pub struct Meta {
     pub trace: Option<i32>,
     pub ttl_ms: Option<i64>,
-    pub attention: Option<f32>,
     pub cluster: Option<i64>,
 }
 
@@ -68,32 +67,28 @@ pub struct Core {
     pub p: Params,
     lam: f64,
     time_scale: f64,
-    // the entry table, one column per field (slot-indexed)
+    // the entry table, one column per field (slot-indexed); what only some entries have (a TTL, a
+    // cluster) is kept beside it by slot
     pub key: Vec<i64>,
     pub used: Vec<bool>,
     pub last_tick: Vec<i64>,
-    pub gap: Vec<i64>,
     pub crf: Vec<f64>,
-    pub bonus: Vec<f64>,
     pub extended: Vec<bool>,
     pub size: Vec<u32>,
-    pub inserted_ms: Vec<i64>,
-    pub ttl_ms: Vec<i64>,
     pub trace: Vec<i32>,
     pub depth: Vec<i32>,
     pub parent: Vec<i32>,
     pub children: Vec<i32>,
     pub freq: Vec<u8>,
     pub freq_epoch: Vec<u32>,
-    pub hits: Vec<u32>,
-    pub attention: Vec<f32>,
-    pub has_attention: Vec<bool>,
-    pub cluster: Vec<i64>,
-    pub distance: Vec<f32>,
     pub raw: Vec<f32>,
     pub eff: Vec<f32>,
     pub unscored: Vec<bool>,
-    pub map: IdMap<u32>,
+    /// slot -> (inserted at, TTL), ms
+    pub ttl: HashMap<u32, (i64, i64)>,
+    /// slot -> (cluster, distance to its centre)
+    pub clusters: HashMap<u32, (i64, f32)>,
+    pub index: KeyIndex,
     pub free: Vec<u32>,
     pub doomed: Vec<(u32, u8)>,
     pub ended: HashSet<i32>,
@@ -125,28 +120,21 @@ impl Core {
             key: vec![0; slots],
             used: vec![false; slots],
             last_tick: vec![0; slots],
-            gap: vec![NO_GAP; slots],
             crf: vec![0.0; slots],
-            bonus: vec![0.0; slots],
             extended: vec![false; slots],
             size: vec![1; slots],
-            inserted_ms: vec![0; slots],
-            ttl_ms: vec![0; slots],
             trace: vec![-1; slots],
             depth: vec![0; slots],
             parent: vec![-1; slots],
             children: vec![0; slots],
             freq: vec![0; slots],
             freq_epoch: vec![0; slots],
-            hits: vec![0; slots],
-            attention: vec![0.0; slots],
-            has_attention: vec![false; slots],
-            cluster: vec![-1; slots],
-            distance: vec![0.0; slots],
             raw: vec![0.0; slots],
             eff: vec![0.0; slots],
             unscored: vec![false; slots],
-            map: IdMap::default(),
+            ttl: HashMap::new(),
+            clusters: HashMap::new(),
+            index: KeyIndex::new(slots),
             free: (0..slots as u32).rev().collect(),
             doomed: Vec::new(),
             ended: HashSet::new(),
@@ -161,23 +149,30 @@ impl Core {
             sketch: Sketch::new(cap as u64, p.seed),
             ghosts: Ghosts::new(4 * cap as usize),
             reuse,
-            leaves: Leaves::default(),
+            leaves: Leaves::new(slots),
             p,
         }
     }
 
     pub fn contains(&self, key: i64) -> bool {
-        self.map.contains_key(&key)
+        self.index.get(key, &self.key).is_some()
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.index.len()
+    }
+
+    pub fn cluster_of(&self, s: usize) -> i64 {
+        if self.clusters.is_empty() {
+            return -1;
+        }
+        self.clusters.get(&(s as u32)).map_or(-1, |c| c.0)
     }
 
     // -- accesses ------------------------------------------------------------------------------
 
     pub fn slot_of(&self, key: i64) -> Option<usize> {
-        self.map.get(&key).map(|&s| s as usize)
+        self.index.get(key, &self.key).map(|s| s as usize)
     }
 
     /// A hit on resident `key`, at slot `s` (`slot_of`).
@@ -186,10 +181,8 @@ impl Core {
         self.now_ms = now_ms;
         self.sketch.increment(key);
         let (tick, last) = (self.tick, self.last_tick[s]);
-        self.gap[s] = tick - last;
         self.crf[s] = 1.0 + self.crf[s] * pow2(-self.lam * (tick - last) as f64);
         self.last_tick[s] = tick;
-        self.hits[s] += 1;
         self.hear_chain(key, parent);
         if self.children[s] == 0 {
             self.push_leaf(s);
@@ -219,8 +212,8 @@ impl Core {
         }
         let mut pslot: i64 = -1;
         if let Some(p) = parent {
-            match self.map.get(&p) {
-                Some(&ps) => pslot = ps as i64,
+            match self.index.get(p, &self.key) {
+                Some(ps) => pslot = ps as i64,
                 None => {
                     out.push((key, REJECTED)); // an orphan block can never be hit
                     return;
@@ -240,16 +233,16 @@ impl Core {
             self.evict(v as usize, out);
         }
         self.used[s] = true;
-        self.map.insert(key, s as u32);
         self.key[s] = key;
+        self.index.insert(key, s as u32);
         self.used_total += self.size[s] as i64;
         self.unscored[s] = true;
         self.push_leaf(s);
     }
 
     pub fn remove(&mut self, key: i64) {
-        if let Some(&s) = self.map.get(&key) {
-            self.release(s as usize);
+        if let Some(s) = self.slot_of(key) {
+            self.release(s);
         }
     }
 
@@ -263,46 +256,39 @@ impl Core {
     }
 
     fn apply_meta(&mut self, s: usize, meta: &Meta) {
-        if let Some(a) = meta.attention {
-            self.attention[s] = a.clamp(0.0, 1.0);
-            self.has_attention[s] = true;
-        }
+        // (attention heat is a feature of the model, which does not score prefix chains)
         if let Some(t) = meta.trace {
             self.trace[s] = t;
         }
         if let Some(ttl) = meta.ttl_ms {
             self.ttls_seen = true;
-            self.ttl_ms[s] = ttl;
-            self.inserted_ms[s] = self.now_ms;
+            self.ttl.insert(s as u32, (self.now_ms, ttl));
         }
         if let Some(c) = meta.cluster {
-            self.clusters_seen = true;
-            self.cluster[s] = c;
+            self.set_cluster(s, c, None);
         }
+    }
+
+    /// `distance` None keeps the one recorded.
+    pub fn set_cluster(&mut self, s: usize, cluster: i64, distance: Option<f32>) {
+        self.clusters_seen = true;
+        let d = distance.unwrap_or_else(|| self.clusters.get(&(s as u32)).map_or(0.0, |c| c.1));
+        self.clusters.insert(s as u32, (cluster, d));
+    }
+
+    fn ttl_of(&self, s: usize) -> (i64, i64) {
+        if self.ttl.is_empty() {
+            return (0, 0);
+        }
+        self.ttl.get(&(s as u32)).copied().unwrap_or((0, 0))
     }
 
     // -- the leaf queue ----------------------------------------------------------------------------
 
-    fn priority(&self, s: usize) -> f64 {
-        self.crf[s].log2() + self.lam * self.last_tick[s] as f64 + self.bonus[s]
-    }
-
     fn push_leaf(&mut self, s: usize) {
-        if let Some(r) = self.reuse.as_ref() {
-            self.bonus[s] = r.bonus(self.extended[s]);
-        }
-        let pr = self.priority(s);
-        self.leaves.push(pr, s as u32);
-        if self.leaves.heap.len() as i64 > 4 * self.p.capacity + 64 {
-            let mut items = Vec::with_capacity(self.map.len());
-            for leaf in 0..self.used.len() {
-                if self.used[leaf] && self.children[leaf] == 0 {
-                    self.leaves.serial += 1;
-                    items.push(Item { priority: self.priority(leaf), serial: self.leaves.serial, slot: leaf as u32 });
-                }
-            }
-            self.leaves.heap = items.into();
-        }
+        let bonus = self.reuse.as_ref().map_or(0.0, |r| r.bonus(self.extended[s]));
+        let priority = self.crf[s].log2() + self.lam * self.last_tick[s] as f64 + bonus;
+        self.leaves.set(s as u32, priority);
     }
 
     /// Every resident leaf queued, in slot order (what entering prefix mode does).
@@ -314,29 +300,6 @@ impl Core {
         }
     }
 
-    fn least_leaf(&mut self, exclude: i64) -> i64 {
-        let mut skipped: Vec<Item> = Vec::new();
-        let mut found = -1;
-        while let Some(top) = self.leaves.heap.peek().copied() {
-            let s = top.slot as usize;
-            if !self.used[s] || self.children[s] != 0 || self.priority(s) != top.priority {
-                self.leaves.heap.pop();
-                continue;
-            }
-            if s as i64 == exclude {
-                skipped.push(top);
-                self.leaves.heap.pop();
-                continue;
-            }
-            found = s as i64;
-            break;
-        }
-        for item in skipped {
-            self.leaves.heap.push(item);
-        }
-        found
-    }
-
     // -- eviction ----------------------------------------------------------------------------------
 
     fn pick_victim(&mut self, exclude: i64) -> i64 {
@@ -345,7 +308,7 @@ impl Core {
                 return s as i64;
             }
         }
-        self.least_leaf(exclude)
+        self.leaves.least(exclude)
     }
 
     fn evict(&mut self, v: usize, out: &mut Vec<(i64, u8)>) {
@@ -353,9 +316,10 @@ impl Core {
             self.evict_one(v, reason, out);
             return;
         }
-        let c = self.cluster[v];
+        let c = self.cluster_of(v);
         if c >= 0 {
-            let members: Vec<usize> = (0..self.used.len()).filter(|&m| self.used[m] && self.cluster[m] == c).collect();
+            let members: Vec<usize> =
+                (0..self.used.len()).filter(|&m| self.used[m] && self.cluster_of(m) == c).collect();
             self.fresh(&members);
             let hottest = members.iter().map(|&m| self.raw[m]).fold(f32::NEG_INFINITY, f32::max);
             if (hottest as f64) < self.p.cold_cluster {
@@ -385,24 +349,24 @@ impl Core {
 
     fn reset_slot(&mut self, s: usize) {
         self.used[s] = false;
-        self.gap[s] = NO_GAP;
         self.freq[s] = 0;
         self.freq_epoch[s] = 0;
-        self.hits[s] = 0;
-        self.attention[s] = 0.0;
-        self.has_attention[s] = false;
         self.size[s] = 1;
-        self.ttl_ms[s] = 0;
         self.trace[s] = -1;
         self.depth[s] = 0;
         self.parent[s] = -1;
         self.children[s] = 0;
-        self.cluster[s] = -1;
-        self.distance[s] = 0.0;
+        if !self.ttl.is_empty() {
+            self.ttl.remove(&(s as u32));
+        }
+        if !self.clusters.is_empty() {
+            self.clusters.remove(&(s as u32));
+        }
     }
 
     fn release(&mut self, s: usize) {
-        self.map.remove(&self.key[s]);
+        self.index.remove(self.key[s], &self.key);
+        self.leaves.remove(s as u32);
         self.used_total -= self.size[s] as i64;
         self.doomed.retain(|d| d.0 as usize != s);
         self.unscored[s] = false;
@@ -433,14 +397,12 @@ impl Core {
     fn stage(&mut self, key: i64, size: u32, pslot: i64, meta: &Meta) -> usize {
         let s = self.free.pop().expect("a free slot: capacity + 1 slots, at most capacity used") as usize;
         self.last_tick[s] = self.tick;
-        self.inserted_ms[s] = self.now_ms;
         self.size[s] = size;
         self.freq[s] = self.sketch.frequency(key);
         self.freq_epoch[s] = self.sketch.resets;
         match self.ghosts.pop(key) {
             None => self.crf[s] = 1.0,
             Some((last, crf)) => {
-                self.gap[s] = self.tick - last;
                 self.crf[s] = 1.0 + crf * pow2(-self.lam * (self.tick - last) as f64);
             }
         }
@@ -450,6 +412,7 @@ impl Core {
             self.depth[s] = self.depth[p] + 1;
             self.children[p] += 1;
             self.extended[p] = true;
+            self.leaves.remove(p as u32); // not a leaf while it has a child
         }
         self.apply_meta(s, meta);
         s
@@ -460,7 +423,11 @@ impl Core {
         self.reset_slot(s);
         self.free.push(s as u32);
         if parent >= 0 {
-            self.children[parent as usize] -= 1;
+            let p = parent as usize;
+            self.children[p] -= 1;
+            if self.children[p] == 0 {
+                self.push_leaf(p);
+            }
         }
     }
 
@@ -509,7 +476,7 @@ impl Core {
             let raw = w * (1.0 - rf0) + w1 * rf1;
             self.raw[s] = raw;
             self.eff[s] = raw;
-            let c = self.cluster[s];
+            let c = self.cluster_of(s);
             if c >= 0 {
                 let h = hottest.entry(c).or_insert(0.0);
                 *h = h.max(raw);
@@ -518,9 +485,8 @@ impl Core {
         if !hottest.is_empty() {
             let tau = self.p.neighbour_tau;
             for &s in &idx {
-                let c = self.cluster[s];
-                if c >= 0 {
-                    let keep = hottest[&c] * (-self.distance[s] / tau).exp();
+                if let Some(&(c, distance)) = self.clusters.get(&(s as u32)) {
+                    let keep = hottest[&c] * (-distance / tau).exp();
                     self.eff[s] = self.eff[s].max(keep);
                 }
             }
@@ -539,8 +505,8 @@ impl Core {
         }
         if self.ttls_seen {
             for &s in idx {
-                let ttl = self.ttl_ms[s];
-                if ttl > 0 && now_ms - self.inserted_ms[s] >= ttl {
+                let (inserted, ttl) = self.ttl_of(s);
+                if ttl > 0 && now_ms - inserted >= ttl {
                     self.doom(s, EXPIRED);
                 }
             }
@@ -600,7 +566,10 @@ impl Core {
 
     pub fn expire(&mut self, now_ms: i64, out: &mut Vec<(i64, u8)>) {
         let dead: Vec<usize> = (0..self.used.len())
-            .filter(|&s| self.used[s] && self.ttl_ms[s] > 0 && now_ms - self.inserted_ms[s] >= self.ttl_ms[s])
+            .filter(|&s| {
+                let (inserted, ttl) = self.ttl_of(s);
+                self.used[s] && ttl > 0 && now_ms - inserted >= ttl
+            })
             .collect();
         for s in self.deepest_first(dead) {
             if self.children[s] == 0 {
@@ -611,13 +580,14 @@ impl Core {
         }
     }
 
-    /// Bytes this core holds (its arrays, the key map, the heap, ghosts, sketch, pending labels).
+    /// Bytes this core holds (its arrays, the key index, the leaf queue, ghosts, sketch, pending labels).
     pub fn bytes(&self) -> usize {
-        let per_slot = 8 + 1 + 8 + 8 + 8 + 8 + 1 + 4 + 8 + 8 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 1 + 8 + 4 + 4 + 4 + 1;
-        let slots = self.used.len() * per_slot + self.free.capacity() * 4;
-        let map = self.map.capacity() * 17;
-        slots
-            + map
+        let per_slot = 8 + 1 + 8 + 8 + 1 + 4 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 1;
+        let sparse = (self.ttl.capacity() + self.clusters.capacity()) * 21;
+        self.used.len() * per_slot
+            + self.free.capacity() * 4
+            + sparse
+            + self.index.bytes()
             + self.leaves.bytes()
             + self.ghosts.bytes()
             + self.sketch.bytes()

@@ -1,46 +1,143 @@
-//! `chains.LeafQueue`: a lazily pruned min-heap of leaf slots by log2(CRF) + lam * last tick + bonus.
+//! `chains.LeafQueue` as an indexed binary min-heap: one entry per resident leaf, keyed by its
+//! priority log2(CRF) + lam * last tick + bonus at its last (re)queueing and, on a tie, by the order
+//! it was queued (the serial). The Python queue keeps stale entries and drops them when met; the
+//! leaf it finds is the same.
 
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
+const NONE: u32 = u32::MAX;
 
 #[derive(Clone, Copy)]
-pub struct Item {
-    pub priority: f64,
-    pub serial: u64,
-    pub slot: u32,
+struct Item {
+    priority: f64,
+    serial: u32,
+    slot: u32,
 }
 
-impl PartialEq for Item {
-    fn eq(&self, o: &Self) -> bool {
-        self.cmp(o) == Ordering::Equal
-    }
-}
-impl Eq for Item {}
-impl PartialOrd for Item {
-    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
-        Some(self.cmp(o))
-    }
-}
-impl Ord for Item {
-    // Reversed: BinaryHeap pops the greatest, the queue wants the least (priority, serial).
-    fn cmp(&self, o: &Self) -> Ordering {
-        o.priority.total_cmp(&self.priority).then(o.serial.cmp(&self.serial))
+impl Item {
+    #[inline]
+    fn before(&self, o: &Item) -> bool {
+        self.priority < o.priority || (self.priority == o.priority && self.serial < o.serial)
     }
 }
 
-#[derive(Default)]
 pub struct Leaves {
-    pub heap: BinaryHeap<Item>,
-    pub serial: u64,
+    items: Vec<Item>,
+    pos: Vec<u32>, // slot -> index in items, NONE when not queued
+    serial: u32,
 }
 
 impl Leaves {
-    pub fn push(&mut self, priority: f64, slot: u32) {
+    pub fn new(slots: usize) -> Self {
+        Leaves { items: Vec::with_capacity(slots), pos: vec![NONE; slots], serial: 0 }
+    }
+
+    /// (Re)queue `slot` at `priority`, after every leaf queued before it on a tie.
+    pub fn set(&mut self, slot: u32, priority: f64) {
+        if self.serial == u32::MAX {
+            self.renumber();
+        }
         self.serial += 1;
-        self.heap.push(Item { priority, serial: self.serial, slot });
+        let item = Item { priority, serial: self.serial, slot };
+        let at = self.pos[slot as usize];
+        if at == NONE {
+            self.items.push(item);
+            let i = self.items.len() - 1;
+            self.pos[slot as usize] = i as u32;
+            self.up(i);
+        } else {
+            let i = at as usize;
+            let old = self.items[i];
+            self.items[i] = item;
+            if item.before(&old) {
+                self.up(i);
+            } else {
+                self.down(i);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, slot: u32) {
+        let at = self.pos[slot as usize];
+        if at == NONE {
+            return;
+        }
+        let i = at as usize;
+        self.pos[slot as usize] = NONE;
+        let last = self.items.pop().expect("a queued leaf");
+        if i < self.items.len() {
+            let old = self.items[i];
+            self.items[i] = last;
+            self.pos[last.slot as usize] = i as u32;
+            if last.before(&old) {
+                self.up(i);
+            } else {
+                self.down(i);
+            }
+        }
+    }
+
+    /// The first leaf in order that is not `exclude`.
+    pub fn least(&self, exclude: i64) -> i64 {
+        match self.items.first() {
+            None => -1,
+            Some(top) if top.slot as i64 != exclude => top.slot as i64,
+            Some(_) => {
+                // the next in order is one of the root's children
+                let kids = &self.items[1.min(self.items.len())..3.min(self.items.len())];
+                kids.iter().fold(None::<&Item>, |best, k| match best {
+                    Some(b) if !k.before(b) => Some(b),
+                    _ => Some(k),
+                })
+                .map_or(-1, |k| k.slot as i64)
+            }
+        }
+    }
+
+    fn renumber(&mut self) {
+        let mut order: Vec<usize> = (0..self.items.len()).collect();
+        order.sort_by_key(|&i| self.items[i].serial);
+        for (n, i) in order.into_iter().enumerate() {
+            self.items[i].serial = n as u32 + 1;
+        }
+        self.serial = self.items.len() as u32;
+    }
+
+    fn up(&mut self, mut i: usize) {
+        let item = self.items[i];
+        while i > 0 {
+            let p = (i - 1) / 2;
+            if !item.before(&self.items[p]) {
+                break;
+            }
+            self.items[i] = self.items[p];
+            self.pos[self.items[i].slot as usize] = i as u32;
+            i = p;
+        }
+        self.items[i] = item;
+        self.pos[item.slot as usize] = i as u32;
+    }
+
+    fn down(&mut self, mut i: usize) {
+        let n = self.items.len();
+        let item = self.items[i];
+        loop {
+            let l = 2 * i + 1;
+            if l >= n {
+                break;
+            }
+            let r = l + 1;
+            let c = if r < n && self.items[r].before(&self.items[l]) { r } else { l };
+            if !self.items[c].before(&item) {
+                break;
+            }
+            self.items[i] = self.items[c];
+            self.pos[self.items[i].slot as usize] = i as u32;
+            i = c;
+        }
+        self.items[i] = item;
+        self.pos[item.slot as usize] = i as u32;
     }
 
     pub fn bytes(&self) -> usize {
-        self.heap.capacity() * std::mem::size_of::<Item>()
+        self.items.capacity() * std::mem::size_of::<Item>() + self.pos.len() * 4
     }
 }

@@ -4,6 +4,7 @@
 
 mod core;
 mod ghost;
+mod index;
 mod leaves;
 mod reuse;
 mod sketch;
@@ -20,8 +21,8 @@ struct ChainHeat {
     out: Vec<(i64, u8)>,
 }
 
-fn meta(trace: Option<i32>, ttl_ms: Option<i64>, attention: Option<f32>, cluster: Option<i64>) -> Meta {
-    Meta { trace, ttl_ms, attention, cluster }
+fn meta(trace: Option<i32>, ttl_ms: Option<i64>, cluster: Option<i64>) -> Meta {
+    Meta { trace, ttl_ms, cluster }
 }
 
 #[pymethods]
@@ -89,7 +90,7 @@ impl ChainHeat {
         self.core.len()
     }
 
-    #[pyo3(signature = (key, now_ms, parent=None, trace=None, ttl_ms=None, attention=None, cluster=None))]
+    #[pyo3(signature = (key, now_ms, parent=None, trace=None, ttl_ms=None, cluster=None))]
     #[allow(clippy::too_many_arguments)]
     fn on_hit(
         &mut self,
@@ -98,15 +99,14 @@ impl ChainHeat {
         parent: Option<i64>,
         trace: Option<i32>,
         ttl_ms: Option<i64>,
-        attention: Option<f32>,
         cluster: Option<i64>,
     ) -> PyResult<()> {
         let s = self.core.slot_of(key).ok_or_else(|| PyKeyError::new_err(key))?;
-        self.core.on_hit(s, key, now_ms, parent, &meta(trace, ttl_ms, attention, cluster));
+        self.core.on_hit(s, key, now_ms, parent, &meta(trace, ttl_ms, cluster));
         Ok(())
     }
 
-    #[pyo3(signature = (key, now_ms, size=1, parent=None, trace=None, ttl_ms=None, attention=None, cluster=None))]
+    #[pyo3(signature = (key, now_ms, size=1, parent=None, trace=None, ttl_ms=None, cluster=None))]
     #[allow(clippy::too_many_arguments)]
     fn on_miss(
         &mut self,
@@ -116,11 +116,10 @@ impl ChainHeat {
         parent: Option<i64>,
         trace: Option<i32>,
         ttl_ms: Option<i64>,
-        attention: Option<f32>,
         cluster: Option<i64>,
     ) -> Vec<(i64, u8)> {
         self.out.clear();
-        self.core.on_miss(key, now_ms, size, parent, &meta(trace, ttl_ms, attention, cluster), &mut self.out);
+        self.core.on_miss(key, now_ms, size, parent, &meta(trace, ttl_ms, cluster), &mut self.out);
         std::mem::take(&mut self.out)
     }
 
@@ -147,28 +146,21 @@ impl ChainHeat {
         self.core.rescore(now);
     }
 
-    /// Attention heat for a resident key (False: not resident, the caller keeps it for later).
+    /// Attention heat for a resident key: not read in chain mode (it is a feature of the model, which
+    /// does not score chains); False where the key is not resident.
     fn observe_attention(&mut self, key: i64, heat: f32) -> bool {
-        match self.core.map.get(&key) {
-            Some(&s) => {
-                self.core.attention[s as usize] = heat.clamp(0.0, 1.0);
-                self.core.has_attention[s as usize] = true;
-                true
-            }
-            None => false,
-        }
+        let _ = heat;
+        self.core.contains(key)
     }
 
     fn observe_cluster(&mut self, key: i64, cluster: i64, distance: f32) {
-        if let Some(&s) = self.core.map.get(&key) {
-            self.core.clusters_seen = true;
-            self.core.cluster[s as usize] = cluster;
-            self.core.distance[s as usize] = distance;
+        if let Some(s) = self.core.slot_of(key) {
+            self.core.set_cluster(s, cluster, Some(distance));
         }
     }
 
     fn heat(&mut self, key: i64) -> Option<f64> {
-        let s = *self.core.map.get(&key)? as usize;
+        let s = self.core.slot_of(key)?;
         self.core.fresh_all();
         Some((self.core.eff[s] as f64).max(0.0))
     }
@@ -192,7 +184,7 @@ impl ChainHeat {
             PyArray1::from_iter(py, idx.iter().map(|&s| c.key[s])),
             PyArray1::from_iter(py, idx.iter().map(|&s| c.eff[s])),
             PyArray1::from_iter(py, idx.iter().map(|&s| c.raw[s])),
-            PyArray1::from_iter(py, idx.iter().map(|&s| c.cluster[s])),
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.cluster_of(s))),
             PyArray1::from_iter(py, idx.iter().map(|&s| c.children[s] > 0)),
         )
     }
@@ -245,15 +237,14 @@ impl ChainHeat {
 
     // -- taking over a Python HeatPolicy when it enters prefix mode ------------------------------------
 
-    #[pyo3(signature = (slot, key, last_tick, gap, crf, size, inserted_ms, ttl_ms, trace, depth, parent,
-        children, freq, freq_epoch, hits, attention, has_attention, cluster, distance, raw, eff, extended, unscored))]
+    #[pyo3(signature = (slot, key, last_tick, crf, size, inserted_ms, ttl_ms, trace, depth, parent,
+        children, freq, freq_epoch, cluster, distance, raw, eff, extended, unscored))]
     #[allow(clippy::too_many_arguments)]
     fn load_slot(
         &mut self,
         slot: usize,
         key: i64,
         last_tick: i64,
-        gap: i64,
         crf: f64,
         size: u32,
         inserted_ms: i64,
@@ -264,9 +255,6 @@ impl ChainHeat {
         children: i32,
         freq: u8,
         freq_epoch: u32,
-        hits: u32,
-        attention: f32,
-        has_attention: bool,
         cluster: i64,
         distance: f32,
         raw: f32,
@@ -275,32 +263,29 @@ impl ChainHeat {
         unscored: bool,
     ) -> PyResult<()> {
         let c = &mut self.core;
-        if slot >= c.used.len() {
-            return Err(PyValueError::new_err(format!("slot {slot} out of range")));
+        if slot >= c.used.len() || c.used[slot] || c.contains(key) {
+            return Err(PyValueError::new_err(format!("slot {slot} out of range, taken, or key {key} held")));
         }
         c.used[slot] = true;
         c.key[slot] = key;
-        c.map.insert(key, slot as u32);
+        c.index.insert(key, slot as u32);
         c.last_tick[slot] = last_tick;
-        c.gap[slot] = gap;
         c.crf[slot] = crf;
         c.size[slot] = size;
         c.used_total += size as i64;
-        c.inserted_ms[slot] = inserted_ms;
-        c.ttl_ms[slot] = ttl_ms;
+        if ttl_ms > 0 {
+            c.ttls_seen = true;
+            c.ttl.insert(slot as u32, (inserted_ms, ttl_ms));
+        }
         c.trace[slot] = trace;
         c.depth[slot] = depth;
         c.parent[slot] = parent;
         c.children[slot] = children;
         c.freq[slot] = freq;
         c.freq_epoch[slot] = freq_epoch;
-        c.hits[slot] = hits;
-        c.attention[slot] = attention;
-        c.has_attention[slot] = has_attention;
-        c.cluster[slot] = cluster;
-        c.clusters_seen |= cluster >= 0;
-        c.ttls_seen |= ttl_ms > 0;
-        c.distance[slot] = distance;
+        if cluster >= 0 {
+            c.set_cluster(slot, cluster, Some(distance));
+        }
         c.raw[slot] = raw;
         c.eff[slot] = eff;
         c.extended[slot] = extended;

@@ -8,7 +8,6 @@ policy would retire its panel and evict leaf by leaf (chains.py); instead its st
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 from typing import Any
 
@@ -72,7 +71,6 @@ class CompiledHeat(Policy):
         self._ids: dict[Hashable, int] = {}
         self._keys: dict[int, Hashable] = {}
         self._next_id = 0
-        self._pending_attention: OrderedDict[Hashable, float] = OrderedDict()
         self._reuse: CompiledReuse | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -154,13 +152,9 @@ class CompiledHeat(Policy):
         if meta.trace_id is not None:
             ids = self.reference._trace_ids
             trace = ids.setdefault(meta.trace_id, len(ids))
-        return {
-            "parent": self._known(meta.parent),
-            "trace": trace,
-            "ttl_ms": meta.ttl_ms,
-            "attention": meta.attention_heat,
-            "cluster": meta.cluster,
-        }
+        # (attention heat is read by the model only, which does not score prefix chains)
+        parent = self._known(meta.parent)
+        return {"parent": parent, "trace": trace, "ttl_ms": meta.ttl_ms, "cluster": meta.cluster}
 
     def on_hit(self, key: Hashable, now_ms: int, meta: AccessMeta | None = None) -> None:
         if self.core is None:
@@ -180,11 +174,7 @@ class CompiledHeat(Policy):
             self._hand_over()
         core = self.core
         assert core is not None
-        fields = self._meta(meta)
-        attention = self._pending_attention.pop(key, None)
-        if attention is not None:
-            fields["attention"] = attention
-        return self._gone(core.on_miss(self._id(key), now_ms, size, **fields))
+        return self._gone(core.on_miss(self._id(key), now_ms, size, **self._meta(meta)))
 
     def on_remove(self, key: Hashable) -> None:
         if self.core is None:
@@ -232,15 +222,10 @@ class CompiledHeat(Policy):
     # -- mesh signals -----------------------------------------------------------------------------
 
     def observe_attention_heat(self, key: Hashable, heat: float) -> None:
+        """Before the hand-over as `HeatPolicy`; after it not read (a feature of the model, which does
+        not score prefix chains)."""
         if self.core is None:
             self.reference.observe_attention_heat(key, heat)
-            return
-        i = self._known(key)
-        if i is None or i == _NONE or not self.core.observe_attention(i, heat):
-            self._pending_attention[key] = min(max(float(heat), 0.0), 1.0)
-            self._pending_attention.move_to_end(key)
-            if len(self._pending_attention) > self.capacity:
-                self._pending_attention.popitem(last=False)
 
     def observe_cluster(self, key: Hashable, cluster: int, distance: float = 0.0) -> None:
         if self.core is None:
@@ -308,11 +293,11 @@ class CompiledHeat(Policy):
         for s in np.nonzero(t.used)[0].tolist():
             key = ref._keys[s]
             core.load_slot(
-                s, self._id(key), int(t.last_tick[s]), int(t.gap[s]), float(ref.crf[s]), int(t.size[s]),
+                s, self._id(key), int(t.last_tick[s]), float(ref.crf[s]), int(t.size[s]),
                 int(t.inserted_ms[s]), int(t.ttl_ms[s]), int(t.trace[s]), int(t.depth[s]), int(t.parent[s]),
-                int(t.children[s]), int(t.freq[s]), int(t.freq_epoch[s]), int(t.hits[s]),
-                float(t.attention[s]), bool(t.has_attention[s]), int(t.cluster[s]), float(t.distance[s]),
-                float(ref.raw[s]), float(ref.eff[s]), bool(ref.extended[s]), s in ref._unscored,
+                int(t.children[s]), int(t.freq[s]), int(t.freq_epoch[s]), int(t.cluster[s]),
+                float(t.distance[s]), float(ref.raw[s]), float(ref.eff[s]), bool(ref.extended[s]),
+                s in ref._unscored,
             )  # fmt: skip
         core.load_state(
             list(ref._free),
@@ -340,7 +325,6 @@ class CompiledHeat(Policy):
                 [(tick, self._id(k)) for tick, k in reuse._order],
             )
             self._reuse = CompiledReuse(core)
-        self._pending_attention = ref._pending_attention
         core.start_chains()
         self.core = core
         ref.retire_table()

@@ -540,6 +540,8 @@ class HeatPolicy(MeshSignals, Policy):
         self._free.append(s)
         if parent >= 0:
             self.table.children[parent] -= 1
+            if self._prefix_mode and self.table.children[parent] == 0:
+                self._leaves.push(parent)  # a leaf again: queued, or no search would find it
 
     def _commit(self, s: int, key: Hashable) -> None:
         v = self.table.v
