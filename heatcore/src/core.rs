@@ -10,13 +10,16 @@ use crate::ghost::Ghosts;
 use crate::index::KeyIndex;
 use crate::leaves::Leaves;
 use crate::reuse::Reuse;
-use crate::sketch::Sketch;
+use crate::sketch::{Pos, Sketch};
 
 pub const CAPACITY: u8 = 0;
 pub const REJECTED: u8 = 1;
 pub const EXPIRED: u8 = 2;
 pub const CONTEXT_ENDED: u8 = 3;
 pub const COLD_CLUSTER: u8 = 4;
+pub const USED: u8 = 1;
+pub const EXTENDED: u8 = 2;
+pub const UNSCORED: u8 = 4;
 
 /// Integer keys hash with one multiply (they are block hashes or dense ids already).
 #[derive(Default)]
@@ -70,10 +73,10 @@ pub struct Core {
     // the entry table, one column per field (slot-indexed); what only some entries have (a TTL, a
     // cluster) is kept beside it by slot
     pub key: Vec<i64>,
-    pub used: Vec<bool>,
+    /// USED | EXTENDED (the block was ever a parent) | UNSCORED (its heat is to be computed)
+    pub flags: Vec<u8>,
     pub last_tick: Vec<i64>,
     pub crf: Vec<f64>,
-    pub extended: Vec<bool>,
     pub size: Vec<u32>,
     pub trace: Vec<i32>,
     pub depth: Vec<i32>,
@@ -82,14 +85,18 @@ pub struct Core {
     pub freq: Vec<u8>,
     pub freq_epoch: Vec<u32>,
     pub raw: Vec<f32>,
-    pub eff: Vec<f32>,
-    pub unscored: Vec<bool>,
+    /// Effective heat where a cluster raised it above `raw` (re-scores with clusters only); a doomed
+    /// entry's is -1 (its conversation ended) or -2 (expired)
+    pub eff: HashMap<u32, f32>,
     /// slot -> (inserted at, TTL), ms
     pub ttl: HashMap<u32, (i64, i64)>,
     /// slot -> (cluster, distance to its centre)
     pub clusters: HashMap<u32, (i64, f32)>,
     pub index: KeyIndex,
-    pub free: Vec<u32>,
+    /// The free slots as a stack, linked through their `depth` (next below, -1 at the bottom): the
+    /// next slot taken is the last one freed, as in the Python policy's list.
+    free_top: i32,
+    pub free_len: usize,
     pub doomed: Vec<(u32, u8)>,
     pub ended: HashSet<i32>,
     pub used_total: i64,
@@ -118,24 +125,23 @@ impl Core {
             lam,
             time_scale: (64.0 * cap.max(16) as f64).ln_1p(),
             key: vec![0; slots],
-            used: vec![false; slots],
+            flags: vec![0; slots],
             last_tick: vec![0; slots],
             crf: vec![0.0; slots],
-            extended: vec![false; slots],
             size: vec![1; slots],
             trace: vec![-1; slots],
-            depth: vec![0; slots],
+            depth: (1..=slots as i32).map(|n| if n == slots as i32 { -1 } else { n }).collect(),
             parent: vec![-1; slots],
             children: vec![0; slots],
             freq: vec![0; slots],
             freq_epoch: vec![0; slots],
             raw: vec![0.0; slots],
-            eff: vec![0.0; slots],
-            unscored: vec![false; slots],
+            eff: HashMap::new(),
             ttl: HashMap::new(),
             clusters: HashMap::new(),
             index: KeyIndex::new(slots),
-            free: (0..slots as u32).rev().collect(),
+            free_top: 0,
+            free_len: slots,
             doomed: Vec::new(),
             ended: HashSet::new(),
             used_total: 0,
@@ -162,6 +168,66 @@ impl Core {
         self.index.len()
     }
 
+    #[inline]
+    pub fn is(&self, s: usize, flag: u8) -> bool {
+        self.flags[s] & flag != 0
+    }
+
+    #[inline]
+    pub fn set(&mut self, s: usize, flag: u8, on: bool) {
+        if on {
+            self.flags[s] |= flag;
+        } else {
+            self.flags[s] &= !flag;
+        }
+    }
+
+    pub fn slots(&self) -> usize {
+        self.flags.len()
+    }
+
+    /// The resident slots, in slot order.
+    pub fn resident(&self) -> Vec<usize> {
+        (0..self.slots()).filter(|&s| self.is(s, USED)).collect()
+    }
+
+    /// Effective heat: a doomed entry's mark, else what a cluster raised it to, else its raw heat.
+    pub fn eff_of(&self, s: usize) -> f32 {
+        if let Some(&(_, reason)) = self.doomed.iter().find(|d| d.0 as usize == s) {
+            return if reason == CONTEXT_ENDED { -1.0 } else { -2.0 };
+        }
+        if self.eff.is_empty() {
+            return self.raw[s];
+        }
+        self.eff.get(&(s as u32)).copied().unwrap_or(self.raw[s])
+    }
+
+    /// The free slots, bottom of the stack first (the last is taken next).
+    pub fn set_free(&mut self, free: &[u32]) {
+        let mut below = -1;
+        for &s in free {
+            self.depth[s as usize] = below;
+            below = s as i32;
+        }
+        self.free_top = below;
+        self.free_len = free.len();
+    }
+
+    fn pop_free(&mut self) -> usize {
+        assert!(self.free_top >= 0, "a free slot: capacity + 1 slots, at most capacity used");
+        let s = self.free_top as usize;
+        self.free_top = self.depth[s];
+        self.depth[s] = 0;
+        self.free_len -= 1;
+        s
+    }
+
+    fn push_free(&mut self, s: usize) {
+        self.depth[s] = self.free_top;
+        self.free_top = s as i32;
+        self.free_len += 1;
+    }
+
     pub fn cluster_of(&self, s: usize) -> i64 {
         if self.clusters.is_empty() {
             return -1;
@@ -179,7 +245,8 @@ impl Core {
     pub fn on_hit(&mut self, s: usize, key: i64, now_ms: i64, parent: Option<i64>, meta: &Meta) {
         self.tick += 1;
         self.now_ms = now_ms;
-        self.sketch.increment(key);
+        let pos = self.sketch.positions(key);
+        self.sketch.increment_at(&pos);
         let (tick, last) = (self.tick, self.last_tick[s]);
         self.crf[s] = 1.0 + self.crf[s] * pow2(-self.lam * (tick - last) as f64);
         self.last_tick[s] = tick;
@@ -187,7 +254,7 @@ impl Core {
         if self.children[s] == 0 {
             self.push_leaf(s);
         }
-        self.freq[s] = self.sketch.frequency(key);
+        self.freq[s] = self.sketch.frequency_at(&pos);
         self.freq_epoch[s] = self.sketch.resets;
         self.apply_meta(s, meta);
         self.maybe_rescore(now_ms);
@@ -205,7 +272,8 @@ impl Core {
     ) {
         self.tick += 1;
         self.now_ms = now_ms;
-        self.sketch.increment(key);
+        let pos = self.sketch.positions(key);
+        self.sketch.increment_at(&pos);
         if size as i64 > self.p.capacity {
             out.push((key, REJECTED));
             return;
@@ -222,7 +290,7 @@ impl Core {
         }
         self.hear_chain(key, parent);
         self.maybe_rescore(now_ms);
-        let s = self.stage(key, size, pslot, meta);
+        let s = self.stage(key, &pos, size, pslot, meta);
         while self.used_total + size as i64 > self.p.capacity {
             let v = self.pick_victim(pslot);
             if v < 0 {
@@ -232,11 +300,10 @@ impl Core {
             }
             self.evict(v as usize, out);
         }
-        self.used[s] = true;
+        self.set(s, USED | UNSCORED, true);
         self.key[s] = key;
         self.index.insert(key, s as u32);
         self.used_total += self.size[s] as i64;
-        self.unscored[s] = true;
         self.push_leaf(s);
     }
 
@@ -286,15 +353,15 @@ impl Core {
     // -- the leaf queue ----------------------------------------------------------------------------
 
     fn push_leaf(&mut self, s: usize) {
-        let bonus = self.reuse.as_ref().map_or(0.0, |r| r.bonus(self.extended[s]));
+        let bonus = self.reuse.as_ref().map_or(0.0, |r| r.bonus(self.is(s, EXTENDED)));
         let priority = self.crf[s].log2() + self.lam * self.last_tick[s] as f64 + bonus;
         self.leaves.set(s as u32, priority);
     }
 
     /// Every resident leaf queued, in slot order (what entering prefix mode does).
     pub fn start_chains(&mut self) {
-        for s in 0..self.used.len() {
-            if self.used[s] && self.children[s] == 0 {
+        for s in self.resident() {
+            if self.children[s] == 0 {
                 self.push_leaf(s);
             }
         }
@@ -318,14 +385,13 @@ impl Core {
         }
         let c = self.cluster_of(v);
         if c >= 0 {
-            let members: Vec<usize> =
-                (0..self.used.len()).filter(|&m| self.used[m] && self.cluster_of(m) == c).collect();
+            let members: Vec<usize> = self.resident().into_iter().filter(|&m| self.cluster_of(m) == c).collect();
             self.fresh(&members);
             let hottest = members.iter().map(|&m| self.raw[m]).fold(f32::NEG_INFINITY, f32::max);
             if (hottest as f64) < self.p.cold_cluster {
                 self.evict_one(v, COLD_CLUSTER, out);
                 for m in self.deepest_first(members) {
-                    if m != v && self.used[m] && self.children[m] == 0 {
+                    if m != v && self.is(m, USED) && self.children[m] == 0 {
                         self.evict_one(m, COLD_CLUSTER, out);
                     }
                 }
@@ -348,7 +414,7 @@ impl Core {
     }
 
     fn reset_slot(&mut self, s: usize) {
-        self.used[s] = false;
+        self.set(s, USED | UNSCORED, false);
         self.freq[s] = 0;
         self.freq_epoch[s] = 0;
         self.size[s] = 1;
@@ -369,22 +435,23 @@ impl Core {
         self.leaves.remove(s as u32);
         self.used_total -= self.size[s] as i64;
         self.doomed.retain(|d| d.0 as usize != s);
-        self.unscored[s] = false;
         let parent = self.parent[s];
         if self.children[s] > 0 {
             // Removed from outside (delete / invalidation): its children lose their parent link.
-            for c in 0..self.used.len() {
-                if self.used[c] && self.parent[c] == s as i32 {
+            for c in 0..self.slots() {
+                if self.is(c, USED) && self.parent[c] == s as i32 {
                     self.parent[c] = -1;
                 }
             }
         }
         self.reset_slot(s);
-        self.extended[s] = false;
+        self.set(s, EXTENDED, false);
         self.raw[s] = 0.0;
-        self.eff[s] = 0.0;
+        if !self.eff.is_empty() {
+            self.eff.remove(&(s as u32));
+        }
         self.crf[s] = 0.0;
-        self.free.push(s as u32);
+        self.push_free(s);
         if parent >= 0 {
             let p = parent as usize;
             self.children[p] -= 1;
@@ -394,11 +461,11 @@ impl Core {
         }
     }
 
-    fn stage(&mut self, key: i64, size: u32, pslot: i64, meta: &Meta) -> usize {
-        let s = self.free.pop().expect("a free slot: capacity + 1 slots, at most capacity used") as usize;
+    fn stage(&mut self, key: i64, pos: &Pos, size: u32, pslot: i64, meta: &Meta) -> usize {
+        let s = self.pop_free();
         self.last_tick[s] = self.tick;
         self.size[s] = size;
-        self.freq[s] = self.sketch.frequency(key);
+        self.freq[s] = self.sketch.frequency_at(pos);
         self.freq_epoch[s] = self.sketch.resets;
         match self.ghosts.pop(key) {
             None => self.crf[s] = 1.0,
@@ -411,7 +478,7 @@ impl Core {
             self.parent[s] = pslot as i32;
             self.depth[s] = self.depth[p] + 1;
             self.children[p] += 1;
-            self.extended[p] = true;
+            self.set(p, EXTENDED, true);
             self.leaves.remove(p as u32); // not a leaf while it has a child
         }
         self.apply_meta(s, meta);
@@ -421,7 +488,7 @@ impl Core {
     fn unstage(&mut self, s: usize) {
         let parent = self.parent[s];
         self.reset_slot(s);
-        self.free.push(s as u32);
+        self.push_free(s);
         if parent >= 0 {
             let p = parent as usize;
             self.children[p] -= 1;
@@ -451,17 +518,22 @@ impl Core {
         self.last_rescore_ms = Some(now_ms);
         self.last_rescore_tick = self.tick;
         self.rescores += 1;
-        let idx: Vec<usize> = (0..self.used.len()).filter(|&s| self.used[s]).collect();
         if !self.clusters_seen {
             // Without clusters no decision reads the heat (leaves go by CRF): entries are scored
             // when it is asked for (`fresh`), by the clock of that moment.
-            for &s in &idx {
-                self.unscored[s] = true;
+            for f in self.flags.iter_mut() {
+                if *f & USED != 0 {
+                    *f |= UNSCORED;
+                }
             }
-            self.doom_dead(&idx, now_ms);
+            if !self.ended.is_empty() || self.ttls_seen {
+                let idx = self.resident();
+                self.doom_dead(&idx, now_ms);
+            }
             return;
         }
-        self.unscored.iter_mut().for_each(|u| *u = false);
+        self.flags.iter_mut().for_each(|f| *f &= !UNSCORED);
+        let idx = self.resident();
         if idx.is_empty() {
             return;
         }
@@ -475,7 +547,7 @@ impl Core {
             let rf1 = self.frequency_feature(s) as f32;
             let raw = w * (1.0 - rf0) + w1 * rf1;
             self.raw[s] = raw;
-            self.eff[s] = raw;
+            self.eff.remove(&(s as u32));
             let c = self.cluster_of(s);
             if c >= 0 {
                 let h = hottest.entry(c).or_insert(0.0);
@@ -487,7 +559,9 @@ impl Core {
             for &s in &idx {
                 if let Some(&(c, distance)) = self.clusters.get(&(s as u32)) {
                     let keep = hottest[&c] * (-distance / tau).exp();
-                    self.eff[s] = self.eff[s].max(keep);
+                    if keep > self.raw[s] {
+                        self.eff.insert(s as u32, keep);
+                    }
                 }
             }
         }
@@ -526,19 +600,21 @@ impl Core {
 
     fn fresh(&mut self, slots: &[usize]) {
         for &s in slots {
-            if self.unscored[s] {
-                self.unscored[s] = false;
+            if self.is(s, UNSCORED) {
+                self.set(s, UNSCORED, false);
                 if !self.doomed.iter().any(|d| d.0 as usize == s) {
                     let h = self.score_one(s);
                     self.raw[s] = h;
-                    self.eff[s] = h;
+                    if !self.eff.is_empty() {
+                        self.eff.remove(&(s as u32));
+                    }
                 }
             }
         }
     }
 
     pub fn fresh_all(&mut self) {
-        let all: Vec<usize> = (0..self.unscored.len()).filter(|&s| self.unscored[s]).collect();
+        let all: Vec<usize> = (0..self.slots()).filter(|&s| self.is(s, UNSCORED)).collect();
         self.fresh(&all);
     }
 
@@ -547,14 +623,13 @@ impl Core {
             Some(d) => d.1 = reason,
             None => self.doomed.push((s as u32, reason)),
         }
-        self.eff[s] = if reason == CONTEXT_ENDED { -1.0 } else { -2.0 };
     }
 
     // -- mesh signals --------------------------------------------------------------------------------
 
     pub fn end_trace(&mut self, tid: i32, evict: bool, out: &mut Vec<(i64, u8)>) {
         self.ended.insert(tid);
-        let members: Vec<usize> = (0..self.used.len()).filter(|&s| self.used[s] && self.trace[s] == tid).collect();
+        let members: Vec<usize> = self.resident().into_iter().filter(|&s| self.trace[s] == tid).collect();
         for s in self.deepest_first(members) {
             if evict && self.children[s] == 0 {
                 self.evict_one(s, CONTEXT_ENDED, out);
@@ -565,10 +640,12 @@ impl Core {
     }
 
     pub fn expire(&mut self, now_ms: i64, out: &mut Vec<(i64, u8)>) {
-        let dead: Vec<usize> = (0..self.used.len())
+        let dead: Vec<usize> = self
+            .resident()
+            .into_iter()
             .filter(|&s| {
                 let (inserted, ttl) = self.ttl_of(s);
-                self.used[s] && ttl > 0 && now_ms - inserted >= ttl
+                ttl > 0 && now_ms - inserted >= ttl
             })
             .collect();
         for s in self.deepest_first(dead) {
@@ -582,10 +659,10 @@ impl Core {
 
     /// Bytes this core holds (its arrays, the key index, the leaf queue, ghosts, sketch, pending labels).
     pub fn bytes(&self) -> usize {
-        let per_slot = 8 + 1 + 8 + 8 + 1 + 4 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 4 + 1;
-        let sparse = (self.ttl.capacity() + self.clusters.capacity()) * 21;
-        self.used.len() * per_slot
-            + self.free.capacity() * 4
+        // key, last tick, CRF, size, trace, depth, parent, children, frequency, its epoch, raw heat, flags
+        let per_slot = 8 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 1;
+        let sparse = (self.ttl.capacity() + self.clusters.capacity() + self.eff.capacity()) * 21;
+        self.slots() * per_slot
             + sparse
             + self.index.bytes()
             + self.leaves.bytes()

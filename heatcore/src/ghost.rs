@@ -1,5 +1,7 @@
 //! `policies/learned/ghosts.py`: last tick and CRF of recently evicted keys, two-way set associative.
 
+use crate::fastmod::FastMod;
+
 const MIX1: u64 = 0x9E37_79B9_7F4A_7C15;
 const MIX2: u64 = 0xC2B2_AE3D_27D4_EB4F;
 const EMPTY: i64 = -1;
@@ -20,6 +22,7 @@ pub fn py_hash(n: i64) -> i64 {
 }
 
 pub struct Ghosts {
+    n: FastMod,
     pub tag: Vec<i64>,
     pub last: Vec<i64>,
     pub crf: Vec<f32>,
@@ -28,16 +31,15 @@ pub struct Ghosts {
 impl Ghosts {
     pub fn new(slots: usize) -> Self {
         let n = slots.max(2);
-        Ghosts { tag: vec![0; n], last: vec![EMPTY; n], crf: vec![0.0; n] }
+        Ghosts { n: FastMod::new(n as u64), tag: vec![0; n], last: vec![EMPTY; n], crf: vec![0.0; n] }
     }
 
     fn cells(&self, key: i64) -> (i64, usize, usize) {
         let h = py_hash(key);
-        let n = self.tag.len() as u64;
-        let a = ((h as u64).wrapping_mul(MIX1) % n) as usize;
-        let mut b = ((h as u64).wrapping_mul(MIX2) % n) as usize;
+        let a = self.n.rem((h as u64).wrapping_mul(MIX1)) as usize;
+        let mut b = self.n.rem((h as u64).wrapping_mul(MIX2)) as usize;
         if b == a {
-            b = (a + 1) % n as usize;
+            b = (a + 1) % self.tag.len();
         }
         (h, a, b)
     }

@@ -1,9 +1,10 @@
-//! `chains.LeafQueue` as an indexed binary min-heap: one entry per resident leaf, keyed by its
+//! `chains.LeafQueue` as an indexed 4-ary min-heap: one entry per resident leaf, keyed by its
 //! priority log2(CRF) + lam * last tick + bonus at its last (re)queueing and, on a tie, by the order
 //! it was queued (the serial). The Python queue keeps stale entries and drops them when met; the
 //! leaf it finds is the same.
 
 const NONE: u32 = u32::MAX;
+const ARITY: usize = 4;
 
 #[derive(Clone, Copy)]
 struct Item {
@@ -82,7 +83,7 @@ impl Leaves {
             Some(top) if top.slot as i64 != exclude => top.slot as i64,
             Some(_) => {
                 // the next in order is one of the root's children
-                let kids = &self.items[1.min(self.items.len())..3.min(self.items.len())];
+                let kids = &self.items[1.min(self.items.len())..(1 + ARITY).min(self.items.len())];
                 kids.iter().fold(None::<&Item>, |best, k| match best {
                     Some(b) if !k.before(b) => Some(b),
                     _ => Some(k),
@@ -104,7 +105,7 @@ impl Leaves {
     fn up(&mut self, mut i: usize) {
         let item = self.items[i];
         while i > 0 {
-            let p = (i - 1) / 2;
+            let p = (i - 1) / ARITY;
             if !item.before(&self.items[p]) {
                 break;
             }
@@ -120,12 +121,16 @@ impl Leaves {
         let n = self.items.len();
         let item = self.items[i];
         loop {
-            let l = 2 * i + 1;
-            if l >= n {
+            let first = ARITY * i + 1;
+            if first >= n {
                 break;
             }
-            let r = l + 1;
-            let c = if r < n && self.items[r].before(&self.items[l]) { r } else { l };
+            let mut c = first;
+            for k in first + 1..(first + ARITY).min(n) {
+                if self.items[k].before(&self.items[c]) {
+                    c = k;
+                }
+            }
             if !self.items[c].before(&item) {
                 break;
             }

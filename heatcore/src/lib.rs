@@ -3,6 +3,7 @@
 //! codes of `REASONS`. `replay_prefix` takes a whole trace in one call.
 
 mod core;
+mod fastmod;
 mod ghost;
 mod index;
 mod leaves;
@@ -13,7 +14,7 @@ use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::core::{Core, Meta, Params};
+use crate::core::{Core, Meta, Params, EXTENDED, UNSCORED, USED};
 
 #[pyclass(module = "cachemesh_heatcore", unsendable)]
 struct ChainHeat {
@@ -162,7 +163,7 @@ impl ChainHeat {
     fn heat(&mut self, key: i64) -> Option<f64> {
         let s = self.core.slot_of(key)?;
         self.core.fresh_all();
-        Some((self.core.eff[s] as f64).max(0.0))
+        Some((self.core.eff_of(s) as f64).max(0.0))
     }
 
     /// (keys, effective heat, raw heat, cluster, has resident children) per resident entry, by slot.
@@ -179,10 +180,10 @@ impl ChainHeat {
     ) {
         self.core.fresh_all();
         let c = &self.core;
-        let idx: Vec<usize> = (0..c.used.len()).filter(|&s| c.used[s]).collect();
+        let idx = c.resident();
         (
             PyArray1::from_iter(py, idx.iter().map(|&s| c.key[s])),
-            PyArray1::from_iter(py, idx.iter().map(|&s| c.eff[s])),
+            PyArray1::from_iter(py, idx.iter().map(|&s| c.eff_of(s))),
             PyArray1::from_iter(py, idx.iter().map(|&s| c.raw[s])),
             PyArray1::from_iter(py, idx.iter().map(|&s| c.cluster_of(s))),
             PyArray1::from_iter(py, idx.iter().map(|&s| c.children[s] > 0)),
@@ -263,10 +264,10 @@ impl ChainHeat {
         unscored: bool,
     ) -> PyResult<()> {
         let c = &mut self.core;
-        if slot >= c.used.len() || c.used[slot] || c.contains(key) {
+        if slot >= c.slots() || c.is(slot, USED) || c.contains(key) {
             return Err(PyValueError::new_err(format!("slot {slot} out of range, taken, or key {key} held")));
         }
-        c.used[slot] = true;
+        c.set(slot, USED, true);
         c.key[slot] = key;
         c.index.insert(key, slot as u32);
         c.last_tick[slot] = last_tick;
@@ -287,9 +288,11 @@ impl ChainHeat {
             c.set_cluster(slot, cluster, Some(distance));
         }
         c.raw[slot] = raw;
-        c.eff[slot] = eff;
-        c.extended[slot] = extended;
-        c.unscored[slot] = unscored;
+        if eff != raw && eff >= 0.0 {
+            c.eff.insert(slot as u32, eff);
+        }
+        c.set(slot, EXTENDED, extended);
+        c.set(slot, UNSCORED, unscored);
         Ok(())
     }
 
@@ -307,7 +310,7 @@ impl ChainHeat {
         rescores: u64,
     ) {
         let c = &mut self.core;
-        c.free = free;
+        c.set_free(&free);
         c.doomed = doomed;
         c.ended = ended.into_iter().collect();
         c.tick = tick;

@@ -3,12 +3,13 @@
 use std::collections::VecDeque;
 
 use crate::core::IdMap;
+use crate::fastmod::FastMod;
 
 pub struct Reuse {
     pub horizon: i64,
     pub weight: f64,
-    pub sample: i64,
-    pub halve_every: i64,
+    sample_mod: FastMod,
+    halve_mod: FastMod,
     pub yes: [f64; 2],
     pub seen: [f64; 2],
     pub labels: u64,
@@ -23,8 +24,8 @@ impl Reuse {
         let mut r = Reuse {
             horizon,
             weight,
-            sample: 32,
-            halve_every: 3 * horizon,
+            sample_mod: FastMod::new(32),
+            halve_mod: FastMod::new((3 * horizon).max(1) as u64),
             yes: [0.0; 2],
             seen: [0.0; 2],
             labels: 0,
@@ -75,11 +76,12 @@ impl Reuse {
                 }
             }
         }
-        if tick % self.sample == 0 {
+        // (ticks are positive: their remainders are as Python's)
+        if self.sample_mod.rem(tick as u64) == 0 {
             self.pending.insert(key, 2 * tick);
             self.order.push_back((tick, key));
         }
-        if tick % self.halve_every == 0 {
+        if self.halve_mod.rem(tick as u64) == 0 {
             for b in 0..2 {
                 self.yes[b] /= 2.0;
                 self.seen[b] /= 2.0;

@@ -20,6 +20,8 @@ fn next_pow2(n: u64) -> u64 {
     }
 }
 
+pub type Pos = ([usize; 4], u64, u64);
+
 pub struct Sketch {
     width: u64,
     mask: u64,
@@ -50,7 +52,8 @@ impl Sketch {
         }
     }
 
-    fn positions(&self, key: i64) -> ([usize; 4], u64, u64) {
+    /// Where `key` counts: its four counters and two doorkeeper bits.
+    pub fn positions(&self, key: i64) -> Pos {
         let h = stable_hash(key as u64, self.seed);
         let (m, w) = (self.mask, self.width);
         let rows = if w <= 1 << 16 {
@@ -68,8 +71,8 @@ impl Sketch {
         (self.door[(x >> 3) as usize] >> (x & 7)) & 1 == 1 && (self.door[(y >> 3) as usize] >> (y & 7)) & 1 == 1
     }
 
-    pub fn frequency(&self, key: i64) -> u8 {
-        let (rows, x, y) = self.positions(key);
+    pub fn frequency_at(&self, pos: &Pos) -> u8 {
+        let (rows, x, y) = *pos;
         let t = &self.table;
         let f = t[rows[0]].min(t[rows[1]]).min(t[rows[2]]).min(t[rows[3]]);
         if self.door_has(x, y) {
@@ -79,8 +82,8 @@ impl Sketch {
         }
     }
 
-    pub fn increment(&mut self, key: i64) {
-        let (rows, x, y) = self.positions(key);
+    pub fn increment_at(&mut self, pos: &Pos) {
+        let (rows, x, y) = *pos;
         if !self.door_has(x, y) {
             self.door[(x >> 3) as usize] |= 1 << (x & 7);
             self.door[(y >> 3) as usize] |= 1 << (y & 7);

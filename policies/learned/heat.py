@@ -395,6 +395,7 @@ class HeatPolicy(MeshSignals, Policy):
         self.table = EntryTable(1, 1)
         self.raw, self.eff = np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
         self.crf, self.extended = np.zeros(1), np.zeros(1, dtype=bool)
+        self._raw_v, self._eff_v, self._crf_v = view(self.raw), view(self.eff), view(self.crf)
         self._slot, self._keys, self._free = {}, [None], [0]
         self._ghost = GhostTable(2)
         self._leaves = LeafQueue(self.table, self.crf, self._lambda, 1)
