@@ -10,7 +10,10 @@ pub struct FastMod {
 impl FastMod {
     pub fn new(d: u64) -> Self {
         assert!(d > 0);
-        FastMod { m: (u128::MAX / d as u128).wrapping_add(1), d }
+        FastMod {
+            m: (u128::MAX / d as u128).wrapping_add(1),
+            d,
+        }
     }
 
     #[inline]
@@ -30,7 +33,18 @@ mod tests {
     #[test]
     fn matches_the_remainder() {
         let mut x: u64 = 0x1234_5678_9abc_def1;
-        for d in [1u64, 2, 3, 7, 32, 40_000, 4_000_004, 90_000, u64::MAX, (1 << 61) - 1] {
+        for d in [
+            1u64,
+            2,
+            3,
+            7,
+            32,
+            40_000,
+            4_000_004,
+            90_000,
+            u64::MAX,
+            (1 << 61) - 1,
+        ] {
             let f = FastMod::new(d);
             for _ in 0..20_000 {
                 x ^= x << 13;

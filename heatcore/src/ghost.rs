@@ -31,7 +31,12 @@ pub struct Ghosts {
 impl Ghosts {
     pub fn new(slots: usize) -> Self {
         let n = slots.max(2);
-        Ghosts { n: FastMod::new(n as u64), tag: vec![0; n], last: vec![EMPTY; n], crf: vec![0.0; n] }
+        Ghosts {
+            n: FastMod::new(n as u64),
+            tag: vec![0; n],
+            last: vec![EMPTY; n],
+            crf: vec![0.0; n],
+        }
     }
 
     fn cells(&self, key: i64) -> (i64, usize, usize) {
@@ -59,7 +64,11 @@ impl Ghosts {
     pub fn put(&mut self, key: i64, last_tick: i64, crf: f64) {
         let (h, a, b) = self.cells(key);
         let last = &self.last;
-        let i = if last[a] == EMPTY || (last[b] != EMPTY && last[a] <= last[b]) { a } else { b };
+        let i = if last[a] == EMPTY || (last[b] != EMPTY && last[a] <= last[b]) {
+            a
+        } else {
+            b
+        };
         self.tag[i] = h;
         self.last[i] = last_tick;
         self.crf[i] = crf as f32;

@@ -16,7 +16,11 @@ fn home(key: i64, mask: usize) -> usize {
 impl KeyIndex {
     pub fn new(slots: usize) -> Self {
         let n = (2 * slots).next_power_of_two().max(8);
-        KeyIndex { cells: vec![0; n], mask: n - 1, len: 0 }
+        KeyIndex {
+            cells: vec![0; n],
+            mask: n - 1,
+            len: 0,
+        }
     }
 
     pub fn len(&self) -> usize {

@@ -28,7 +28,11 @@ pub struct Leaves {
 
 impl Leaves {
     pub fn new(slots: usize) -> Self {
-        Leaves { items: Vec::with_capacity(slots), pos: vec![NONE; slots], serial: 0 }
+        Leaves {
+            items: Vec::with_capacity(slots),
+            pos: vec![NONE; slots],
+            serial: 0,
+        }
     }
 
     /// (Re)queue `slot` at `priority`, after every leaf queued before it on a tie.
@@ -37,7 +41,11 @@ impl Leaves {
             self.renumber();
         }
         self.serial += 1;
-        let item = Item { priority, serial: self.serial, slot };
+        let item = Item {
+            priority,
+            serial: self.serial,
+            slot,
+        };
         let at = self.pos[slot as usize];
         if at == NONE {
             self.items.push(item);
@@ -84,11 +92,12 @@ impl Leaves {
             Some(_) => {
                 // the next in order is one of the root's children
                 let kids = &self.items[1.min(self.items.len())..(1 + ARITY).min(self.items.len())];
-                kids.iter().fold(None::<&Item>, |best, k| match best {
-                    Some(b) if !k.before(b) => Some(b),
-                    _ => Some(k),
-                })
-                .map_or(-1, |k| k.slot as i64)
+                kids.iter()
+                    .fold(None::<&Item>, |best, k| match best {
+                        Some(b) if !k.before(b) => Some(b),
+                        _ => Some(k),
+                    })
+                    .map_or(-1, |k| k.slot as i64)
             }
         }
     }

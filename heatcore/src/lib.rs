@@ -5,6 +5,7 @@
 mod core;
 mod fastmod;
 mod ghost;
+mod heat;
 mod index;
 mod leaves;
 mod reuse;
@@ -23,7 +24,11 @@ struct ChainHeat {
 }
 
 fn meta(trace: Option<i32>, ttl_ms: Option<i64>, cluster: Option<i64>) -> Meta {
-    Meta { trace, ttl_ms, cluster }
+    Meta {
+        trace,
+        ttl_ms,
+        cluster,
+    }
 }
 
 #[pymethods]
@@ -46,7 +51,9 @@ impl ChainHeat {
         prior_recency: f64,
     ) -> PyResult<Self> {
         if capacity <= 0 {
-            return Err(PyValueError::new_err(format!("capacity must be positive, got {capacity}")));
+            return Err(PyValueError::new_err(format!(
+                "capacity must be positive, got {capacity}"
+            )));
         }
         let p = Params {
             capacity,
@@ -60,7 +67,10 @@ impl ChainHeat {
             cold_cluster,
             prior_recency,
         };
-        Ok(ChainHeat { core: Core::new(p), out: Vec::new() })
+        Ok(ChainHeat {
+            core: Core::new(p),
+            out: Vec::new(),
+        })
     }
 
     #[getter]
@@ -102,8 +112,12 @@ impl ChainHeat {
         ttl_ms: Option<i64>,
         cluster: Option<i64>,
     ) -> PyResult<()> {
-        let s = self.core.slot_of(key).ok_or_else(|| PyKeyError::new_err(key))?;
-        self.core.on_hit(s, key, now_ms, parent, &meta(trace, ttl_ms, cluster));
+        let s = self
+            .core
+            .slot_of(key)
+            .ok_or_else(|| PyKeyError::new_err(key))?;
+        self.core
+            .on_hit(s, key, now_ms, parent, &meta(trace, ttl_ms, cluster));
         Ok(())
     }
 
@@ -120,7 +134,14 @@ impl ChainHeat {
         cluster: Option<i64>,
     ) -> Vec<(i64, u8)> {
         self.out.clear();
-        self.core.on_miss(key, now_ms, size, parent, &meta(trace, ttl_ms, cluster), &mut self.out);
+        self.core.on_miss(
+            key,
+            now_ms,
+            size,
+            parent,
+            &meta(trace, ttl_ms, cluster),
+            &mut self.out,
+        );
         std::mem::take(&mut self.out)
     }
 
@@ -203,8 +224,12 @@ impl ChainHeat {
         if keys.len() != times.len() {
             return Err(PyValueError::new_err("keys and times differ in length"));
         }
-        if starts.windows(2).any(|w| w[0] > w[1]) || starts.last().is_some_and(|&e| e as usize > keys.len()) {
-            return Err(PyValueError::new_err("starts must rise and stay within the keys"));
+        if starts.windows(2).any(|w| w[0] > w[1])
+            || starts.last().is_some_and(|&e| e as usize > keys.len())
+        {
+            return Err(PyValueError::new_err(
+                "starts must rise and stay within the keys",
+            ));
         }
         let mut mask = vec![false; keys.len()];
         let none = Meta::default();
@@ -265,7 +290,9 @@ impl ChainHeat {
     ) -> PyResult<()> {
         let c = &mut self.core;
         if slot >= c.slots() || c.is(slot, USED) || c.contains(key) {
-            return Err(PyValueError::new_err(format!("slot {slot} out of range, taken, or key {key} held")));
+            return Err(PyValueError::new_err(format!(
+                "slot {slot} out of range, taken, or key {key} held"
+            )));
         }
         c.set(slot, USED, true);
         c.key[slot] = key;
@@ -337,20 +364,38 @@ impl ChainHeat {
         Ok(())
     }
 
-    fn load_sketch(&mut self, table: &[u8], door: &[u8], additions: u64, resets: u32) -> PyResult<()> {
-        self.core.sketch.load(table, door, additions, resets).map_err(PyValueError::new_err)
+    fn load_sketch(
+        &mut self,
+        table: &[u8],
+        door: &[u8],
+        additions: u64,
+        resets: u32,
+    ) -> PyResult<()> {
+        self.core
+            .sketch
+            .load(table, door, additions, resets)
+            .map_err(PyValueError::new_err)
     }
 
     /// The chain re-use model's counts: (yes, seen, labels).
     fn reuse_counts(&self) -> Option<(Vec<f64>, Vec<f64>, u64)> {
-        self.core.reuse.as_ref().map(|r| (r.yes.to_vec(), r.seen.to_vec(), r.labels))
+        self.core
+            .reuse
+            .as_ref()
+            .map(|r| (r.yes.to_vec(), r.seen.to_vec(), r.labels))
     }
 
     /// The chain re-use model's counts (a checkpoint's); the pending labels are left as they are.
     fn load_reuse(&mut self, yes: [f64; 2], seen: [f64; 2], labels: u64) -> PyResult<()> {
-        let r = self.core.reuse.as_mut().ok_or_else(|| PyValueError::new_err("chain re-use is off"))?;
+        let r = self
+            .core
+            .reuse
+            .as_mut()
+            .ok_or_else(|| PyValueError::new_err("chain re-use is off"))?;
         if (0..2).any(|b| !(0.0 <= yes[b] && yes[b] <= seen[b])) {
-            return Err(PyValueError::new_err("chain re-use counts must satisfy 0 <= yes <= seen"));
+            return Err(PyValueError::new_err(
+                "chain re-use counts must satisfy 0 <= yes <= seen",
+            ));
         }
         r.yes = yes;
         r.seen = seen;
@@ -360,8 +405,16 @@ impl ChainHeat {
     }
 
     /// The labels the chain re-use model waits for: key -> 2 * tick + extended, and (tick, key) in order.
-    fn load_reuse_pending(&mut self, pending: Vec<(i64, i64)>, order: Vec<(i64, i64)>) -> PyResult<()> {
-        let r = self.core.reuse.as_mut().ok_or_else(|| PyValueError::new_err("chain re-use is off"))?;
+    fn load_reuse_pending(
+        &mut self,
+        pending: Vec<(i64, i64)>,
+        order: Vec<(i64, i64)>,
+    ) -> PyResult<()> {
+        let r = self
+            .core
+            .reuse
+            .as_mut()
+            .ok_or_else(|| PyValueError::new_err("chain re-use is off"))?;
         r.pending = pending.into_iter().collect();
         r.order = order.into_iter().collect();
         Ok(())
@@ -375,6 +428,15 @@ impl ChainHeat {
 #[pymodule]
 fn cachemesh_heatcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ChainHeat>()?;
-    m.add("REASONS", ("capacity", "rejected", "expired", "context_ended", "cold_cluster"))?;
+    m.add(
+        "REASONS",
+        (
+            "capacity",
+            "rejected",
+            "expired",
+            "context_ended",
+            "cold_cluster",
+        ),
+    )?;
     Ok(())
 }

@@ -57,10 +57,20 @@ impl Sketch {
         let h = stable_hash(key as u64, self.seed);
         let (m, w) = (self.mask, self.width);
         let rows = if w <= 1 << 16 {
-            [h & m, w + ((h >> 16) & m), 2 * w + ((h >> 32) & m), 3 * w + ((h >> 48) & m)]
+            [
+                h & m,
+                w + ((h >> 16) & m),
+                2 * w + ((h >> 32) & m),
+                3 * w + ((h >> 48) & m),
+            ]
         } else {
             let g = stable_hash(h ^ 0x5555, self.seed);
-            [h & m, w + ((h >> 32) & m), 2 * w + (g & m), 3 * w + ((g >> 32) & m)]
+            [
+                h & m,
+                w + ((h >> 32) & m),
+                2 * w + (g & m),
+                3 * w + ((g >> 32) & m),
+            ]
         };
         let dm = self.door_bits - 1;
         let g = h.wrapping_mul(MIX);
@@ -68,7 +78,8 @@ impl Sketch {
     }
 
     fn door_has(&self, x: u64, y: u64) -> bool {
-        (self.door[(x >> 3) as usize] >> (x & 7)) & 1 == 1 && (self.door[(y >> 3) as usize] >> (y & 7)) & 1 == 1
+        (self.door[(x >> 3) as usize] >> (x & 7)) & 1 == 1
+            && (self.door[(y >> 3) as usize] >> (y & 7)) & 1 == 1
     }
 
     pub fn frequency_at(&self, pos: &Pos) -> u8 {
@@ -110,7 +121,13 @@ impl Sketch {
     }
 
     /// Takes over the state of a Python sketch of the same shape.
-    pub fn load(&mut self, table: &[u8], door: &[u8], additions: u64, resets: u32) -> Result<(), String> {
+    pub fn load(
+        &mut self,
+        table: &[u8],
+        door: &[u8],
+        additions: u64,
+        resets: u32,
+    ) -> Result<(), String> {
         if table.len() != self.table.len() || door.len() != self.door.len() {
             return Err(format!(
                 "sketch of {} / {} bytes does not fit {} / {}",
