@@ -61,8 +61,9 @@ def million_keys(n_keys: int, accesses: int, seed: int = 0) -> Trace:
 
 
 def million_chains(n_keys: int, seed: int = 0) -> Trace:
-    """Prefix traffic over `n_keys` blocks: conversations (Zipf(0.9) over them) re-walk their chain and
-    extend it by 1-4 new blocks per request, until every block exists; a request is one millisecond."""
+    """Prefix traffic over `n_keys` blocks: conversations (Zipf(0.9) over them) re-walk their chain from
+    its root and extend it by 1-4 new blocks per request, until every block exists; a conversation of 32
+    blocks or more starts over with new ones. A request is one millisecond."""
     rng = np.random.default_rng(seed)
     n_conv = max(1, n_keys // 32)
     p = np.arange(1, n_conv + 1, dtype=np.float64) ** -0.9
@@ -76,10 +77,12 @@ def million_chains(n_keys: int, seed: int = 0) -> Trace:
         if made >= n_keys:
             break
         chain = chains[conv]
+        if len(chain) >= 32:
+            chain.clear()
         new = min(more, n_keys - made)
         chain.extend(range(made, made + new))
         made += new
-        keys.extend(chain[-64:] if len(chain) > 64 else chain)  # a request walks its last 64 blocks
+        keys.extend(chain)
         starts.append(len(keys))
     times = np.repeat(np.arange(len(starts) - 1, dtype=np.int64), np.diff(starts))
     return Trace(
