@@ -1,31 +1,39 @@
-"""Does heat's learned chain term (`policies/learned/chains.py`, `ChainReuse`) hold beyond one trace?
+"""Does heat's learned chain term (`policies/learned/chains.py`, `ChainReuse`) hold beyond one trace, at
+which weight, and could miniatures tell where it does not?
 
-Heat as shipped against heat with `chain_reuse=False` (LRFU alone) and the best of LRU, ARC, LIRS and
-S3-FIFO, on variants of the Mooncake trace the term was not designed on: its first and second halves
-(replayed cold), and the whole trace with each request's last block dropped (so no request ends in a
-partial block: the blocks that are never extended are then whole blocks some later turn may re-read).
-Replayed with prefix hits by the same replayer as `bench.policies`.
+Heat's chain mode (compiled: `cachemesh_heatcore.ChainHeat`) with the term at each of `--weights`
+against the term off (LRFU alone), in points of prefix hits, on trace shapes the term was not designed
+on: the dev Mooncake trace, its first and second halves (replayed cold), the whole trace with each
+request's last block dropped, and generated conversations (Zipf popularity; a conversation re-reads its
+chain and adds 1-4 blocks; its last, partial block is re-read with probability `tail`). The last
+columns are a guard's view: the same comparison (shipped weight vs off) on miniatures (SHARDS: 1 request
+in R by its root block, at capacity / R); "agrees" says whether the miniature's sign is the full-size
+one (cells where the full-size effect is under 0.1 pt are not counted).
 
-    .venv/bin/python -m bench.chain_reuse [--trace PATH] [--capacity 2500 ...]
+    .venv/bin/python -m bench.chain_reuse [--trace PATH] [--capacity 2500 ...] [--weights 1,0.5,0.25]
+        [--rates 8,32] [--out bench/results/chain_reuse.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from cachemesh_heatcore import ChainHeat
 from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
+from bench.policies import OUT
 from bench.prefix_bounds import TRACE
 from policies.learned.heat import HeatPolicy
-from policies.registry import make_policy
-from sim.replay import replay
 from sim.traces import Trace, read_mooncake
 
-CLASSICS = ("lru", "arc", "lirs", "s3fifo")
+SHIPPED = HeatPolicy(1).chain_reuse.weight  # type: ignore[union-attr]
+_MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
 def requests_of(trace: Trace, first: int, last: int, drop_tail: bool = False) -> Trace:
@@ -41,13 +49,125 @@ def requests_of(trace: Trace, first: int, last: int, drop_tail: bool = False) ->
         keys.extend(trace.keys[a:b].tolist())
         times.extend(trace.times_ms[a:b].tolist())
         starts.append(len(keys))
+    return _trace(trace.name, keys, times, starts)
+
+
+def _trace(name: str, keys: list[int], times: list[int], starts: list[int]) -> Trace:
     return Trace(
-        trace.name,
+        name,
         np.asarray(keys, dtype=np.int64),
         np.asarray(times, dtype=np.int64),
         np.asarray(starts, dtype=np.int64),
         prefix=True,
     )
+
+
+def conversations(n_blocks: int, skew: float, tail: float, seed: int) -> Trace:
+    """Generated multi-turn traffic over `n_blocks` blocks (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    n_conv = max(1, n_blocks // 32)
+    p = np.arange(1, n_conv + 1, dtype=np.float64) ** -skew
+    chains: list[list[int]] = [[] for _ in range(n_conv)]
+    keys: list[int] = []
+    starts = [0]
+    made = 0
+    for conv, more in zip(
+        rng.choice(n_conv, size=8 * n_blocks, p=p / p.sum()).tolist(),
+        rng.integers(1, 5, size=8 * n_blocks).tolist(),
+        strict=True,
+    ):
+        if made >= n_blocks:
+            break
+        chain = chains[conv]
+        if chain and rng.random() > tail:
+            chain.pop()  # the partial last block is rewritten, not re-read
+        new = min(more, n_blocks - made)
+        chain.extend(range(made, made + new))
+        made += new
+        keys.extend(chain)
+        starts.append(len(keys))
+    times = np.repeat(np.arange(len(starts) - 1), np.diff(starts)).tolist()
+    return _trace(f"generated skew {skew}, tail {tail}", keys, times, starts)
+
+
+def sampled(trace: Trace, rate: int) -> Trace:
+    """The requests whose root block falls in a 1-in-`rate` spatial sample."""
+    starts = trace.starts
+    roots = trace.keys[starts[:-1]].astype(np.uint64)
+    keep = np.nonzero(((roots * _MIX) >> np.uint64(40)) % np.uint64(rate) == 0)[0]
+    keys: list[int] = []
+    times: list[int] = []
+    out = [0]
+    for r in keep.tolist():
+        a, b = int(starts[r]), int(starts[r + 1])
+        keys.extend(trace.keys[a:b].tolist())
+        times.extend(trace.times_ms[a:b].tolist())
+        out.append(len(keys))
+    return _trace(trace.name, keys, times, out)
+
+
+def hit_rate(trace: Trace, capacity: int, weight: float | None) -> float:
+    """Prefix hits (%) of chain-mode heat with the term at `weight` (None: off)."""
+    core = ChainHeat(capacity, chain_reuse=weight is not None, chain_reuse_weight=weight or 0.0)
+    return 100 * float(core.replay_prefix(trace.keys, trace.starts, trace.times_ms).mean())
+
+
+@dataclass
+class Cell:
+    shape: str
+    capacity: int
+    off: float  # hit % with the term off
+    gain: dict[str, float]  # weight -> points over off
+    miniature_gain: dict[str, float]  # R -> the shipped weight's points over off, on miniatures
+
+
+def measure(trace: Trace, name: str, capacity: int, weights: list[float], rates: list[int]) -> Cell:
+    off = hit_rate(trace, capacity, None)
+    minis = {}
+    for r in rates:
+        small, mini = sampled(trace, r), max(16, capacity // r)
+        minis[str(r)] = hit_rate(small, mini, SHIPPED) - hit_rate(small, mini, None)
+    gains = {f"{w:g}": hit_rate(trace, capacity, w) - off for w in weights}
+    return Cell(name, capacity, off, gains, minis)
+
+
+def summarise(cells: list[Cell], weights: list[float], rates: list[int]) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for w in weights:
+        g = [c.gain[f"{w:g}"] for c in cells]
+        out[f"w={w:g}"] = {
+            "mean": float(np.mean(g)),
+            "worst": min(g),
+            "up": sum(x > 0 for x in g),
+            "of": len(g),
+        }
+    shipped = f"{SHIPPED:g}"
+    counted = [c for c in cells if abs(c.gain.get(shipped, 0.0)) >= 0.1]
+    for r in rates:
+        agree = sum(np.sign(c.gain[shipped]) == np.sign(c.miniature_gain[str(r)]) for c in counted)
+        out[f"R={r}"] = {"agrees": int(agree), "of": len(counted)}
+    return out
+
+
+def plot(cells: list[Cell], weights: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(cells)), 4))
+    width = 0.8 / len(weights)
+    for i, w in enumerate(weights):
+        xs = [j + i * width for j in range(len(cells))]
+        ax.bar(xs, [c.gain[f"{w:g}"] for c in cells], width, label=f"weight {w:g}")
+    ax.axhline(0, color="black", linewidth=0.5)
+    labels = [f"{c.shape} @{c.capacity // 1000}k" for c in cells]
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], labels, rotation=80, fontsize=6)
+    ax.set_ylabel("points over LRFU alone")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def main() -> None:
@@ -56,45 +176,56 @@ def main() -> None:
     )
     parser.add_argument("--trace", type=Path, default=TRACE)
     parser.add_argument("--capacity", type=int, action="append")
+    parser.add_argument("--weights", default=f"1,0.5,0.25,{SHIPPED}")
+    parser.add_argument("--rates", default="8,32", help="miniatures' sampling factors")
+    parser.add_argument("--out", type=Path, default=OUT / "chain_reuse.json")
     args = parser.parse_args()
-    capacities = args.capacity or [2_500, 5_000, 10_000]
+    capacities = args.capacity or [2_500, 5_000, 10_000, 20_000]
+    weights = sorted({float(w) for w in args.weights.split(",")}, reverse=True)
+    rates = [int(r) for r in args.rates.split(",")]
     full = read_mooncake(args.trace)
     n = full.requests
     variants = {
+        "dev trace": full,
         "first half": requests_of(full, 0, n // 2),
         "second half": requests_of(full, n // 2, n),
         "last block dropped": requests_of(full, 0, n, drop_tail=True),
+        "generated 0.9 / 1.0": conversations(50_000, 0.9, 1.0, seed=1),
+        "generated 0.9 / 0.0": conversations(50_000, 0.9, 0.0, seed=2),
+        "generated 0.6 / 0.5": conversations(50_000, 0.6, 0.5, seed=3),
+        "generated 1.1 / 0.3": conversations(100_000, 1.1, 0.3, seed=4),
     }
-    console = Console(width=140)
-    table = Table(
-        "variant",
-        "capacity",
-        "heat",
-        "without the term",
-        "difference",
-        "best classic",
-        "heat - best",
-        title=f"{full.name}: heat's learned chain term on trace variants (hit %)",
-    )
-    diffs: list[float] = []
-    cells = [(name, trace, c) for name, trace in variants.items() for c in capacities]
-    for name, trace, c in track(cells, description="replaying", console=console, transient=True):
-        on = 100 * replay(trace, HeatPolicy(c)).hit_rate
-        off = 100 * replay(trace, HeatPolicy(c, chain_reuse=False)).hit_rate
-        best, best_name = max((100 * replay(trace, make_policy(p, c)).hit_rate, p) for p in CLASSICS)
-        diffs.append(on - off)
+    console = Console(width=170)
+    todo = [(name, trace, c) for name, trace in variants.items() for c in capacities]
+    cells = [
+        measure(trace, name, c, weights, rates)
+        for name, trace, c in track(todo, description="replaying", console=console, transient=True)
+    ]
+    table = Table("shape", "capacity", "off (%)", *[f"w={w:g}" for w in weights], *[f"R={r}" for r in rates])
+    table.title = "the chain term's gain over LRFU alone (pt); R=: the shipped weight's, on miniatures"
+    for c in cells:
+        gains = [f"{g:+.2f}" for g in c.gain.values()]
         table.add_row(
-            name,
-            f"{c:,}",
-            f"{on:.2f}",
-            f"{off:.2f}",
-            f"{on - off:+.2f}",
-            f"{best:.2f} ({best_name})",
-            f"{on - best:+.2f}",
+            c.shape,
+            f"{c.capacity:,}",
+            f"{c.off:.2f}",
+            *gains,
+            *[f"{m:+.2f}" for m in c.miniature_gain.values()],
         )
     console.print(table)
-    up, mean = sum(d > 0 for d in diffs), sum(diffs) / len(diffs)
-    console.print(f"the term: {up} of {len(diffs)} cells up, mean {mean:+.2f} pt")
+    summary = summarise(cells, weights, rates)
+    for name, figures in summary.items():
+        console.print(
+            f"{name}: "
+            + ", ".join(
+                f"{k} {v:+.2f}" if k in ("mean", "worst") else f"{k} {v:g}" for k, v in figures.items()
+            )
+        )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    document = {"shipped_weight": SHIPPED, "cells": [asdict(c) for c in cells], "summary": summary}
+    args.out.write_text(json.dumps(document, indent=2) + "\n")
+    plot(cells, weights, args.out.with_suffix(".png"))
+    console.print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
 
 
 if __name__ == "__main__":

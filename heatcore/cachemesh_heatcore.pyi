@@ -12,7 +12,7 @@ class ChainHeat:
         *,
         seed: int = 0,
         chain_reuse: bool = True,
-        chain_reuse_weight: float = 1.0,
+        chain_reuse_weight: float = 0.5,
         chain_half_life: float = 3.0,
         rescore_ms: int = 100,
         rescore_accesses: int | None = None,

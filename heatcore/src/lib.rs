@@ -34,7 +34,7 @@ fn meta(trace: Option<i32>, ttl_ms: Option<i64>, cluster: Option<i64>) -> Meta {
 #[pymethods]
 impl ChainHeat {
     #[new]
-    #[pyo3(signature = (capacity, *, seed=0, chain_reuse=true, chain_reuse_weight=1.0, chain_half_life=3.0,
+    #[pyo3(signature = (capacity, *, seed=0, chain_reuse=true, chain_reuse_weight=0.5, chain_half_life=3.0,
         rescore_ms=100, rescore_accesses=None, neighbour_tau=0.1, cold_cluster=0.05,
         prior_recency=0.5))]
     #[allow(clippy::too_many_arguments)]

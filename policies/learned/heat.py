@@ -65,7 +65,8 @@ class HeatPolicy(MeshSignals, Policy):
         rescore_accesses: int | None = None,
         ablate: Sequence[str] = (),
         chain_reuse: bool = True,
-        chain_reuse_weight: float = 1.0,
+        # The learned chain term at half weight: why, docs/heat.md ("How the AI-native policy decides").
+        chain_reuse_weight: float = 0.5,
     ) -> None:
         super().__init__(capacity)
         self.rescore_ms = rescore_ms
