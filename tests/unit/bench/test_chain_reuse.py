@@ -1,6 +1,7 @@
 import numpy as np
 
 from bench.chain_reuse import conversations, hit_rate, requests_of, sampled
+from sim.traces import Trace
 
 
 def test_generated_conversations_re_read_their_chain_from_the_root() -> None:
@@ -14,12 +15,16 @@ def test_generated_conversations_re_read_their_chain_from_the_root() -> None:
     assert len(firsts) < trace.requests  # conversations come back to their root
 
 
+def _requests(trace: Trace) -> list[list[int]]:
+    return [trace.keys[trace.starts[r] : trace.starts[r + 1]].tolist() for r in range(trace.requests)]
+
+
 def test_a_sample_keeps_whole_requests_chosen_by_their_root() -> None:
     trace = conversations(5_000, 0.9, 1.0, seed=2)
     small = sampled(trace, 8)
     assert 0 < small.requests < trace.requests
-    mine = {tuple(small.keys[small.starts[r] : small.starts[r + 1]].tolist()) for r in range(small.requests)}
-    theirs = {tuple(trace.keys[trace.starts[r] : trace.starts[r + 1]].tolist()) for r in range(trace.requests)}
+    mine = {tuple(walk) for walk in _requests(small)}
+    theirs = {tuple(walk) for walk in _requests(trace)}
     assert mine <= theirs
     roots = {walk[0] for walk in mine}
     assert all(any(w[0] == root for w in mine) for root in roots)
