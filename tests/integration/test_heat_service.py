@@ -228,6 +228,8 @@ async def test_two_heat_services_split_the_keys_and_a_rebalance_moves_them(
                 h for h, p in kv_partition.items() if p in b_kv
             }
             assert a.engine.orphans_parked == b.engine.orphans_parked == 0
+            # A block whose parent is held here hands the policy to the compiled chain core.
+            assert any(getattr(s.engine.policy, "core", None) is not None for s in (a, b))
             b.request_stop()
             await b_run
 
