@@ -71,4 +71,4 @@ schemas: setup ## Re-export JSON Schema files and golden payloads for new event 
 	$(VENV)/bin/cachemesh schemas export
 
 clean: ## Remove the venv and caches inside the checkout
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build *.egg-info heatcore/target
