@@ -169,6 +169,10 @@ class CompiledHeat(Policy):
             ref = self.reference
             if meta is None or meta.parent is None or ref._prefix_mode or meta.parent not in ref:
                 return ref.on_miss(key, now_ms, size, meta)
+            if ref.scorer_mode == "model":
+                # The core scores chains by the prior; with scorer="model" the MLP does (cold clusters
+                # read it), so the reference keeps deciding.
+                return ref.on_miss(key, now_ms, size, meta)
             if size > self.capacity:
                 return ref.on_miss(key, now_ms, size, meta)
             self._hand_over()

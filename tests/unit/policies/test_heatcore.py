@@ -179,3 +179,10 @@ def test_bad_traces_are_refused_not_crashed() -> None:
         policy.core.replay_prefix(keys, np.array([0, 5], dtype=np.int64), keys)
     with pytest.raises(ValueError, match="length"):
         policy.core.replay_prefix(keys, np.array([0, 2], dtype=np.int64), keys[:1])
+
+
+def test_a_policy_scored_by_the_model_keeps_the_reference() -> None:
+    policy = CompiledHeat(10, scorer="model")
+    policy.on_miss(1, 0)
+    policy.on_miss(2, 0, 1, AccessMeta(parent=1))
+    assert policy.core is None and policy.reference._prefix_mode and 2 in policy
