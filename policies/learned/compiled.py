@@ -22,7 +22,7 @@ _I64 = (-(2**63), 2**63)
 _REASONS: tuple[EvictionReason, ...] = ("capacity", "rejected", "expired", "context_ended", "cold_cluster")
 assert _REASONS == REASONS, "the core's reason codes"
 _CODES: dict[str, int] = {reason: code for code, reason in enumerate(_REASONS)}
-_NONE = -1  # an id no key has: a parent the core does not hold
+_NONE = -1  # no interned key has this id (they count up from 0)
 
 
 class CompiledReuse:
@@ -84,7 +84,8 @@ class CompiledHeat(Policy):
 
     def _id(self, key: Hashable) -> int:
         if not self._interned:
-            assert isinstance(key, int)
+            if not (isinstance(key, int) and _I64[0] <= key < _I64[1]):
+                raise TypeError(f"this policy's keys are 64-bit ints (as when its chains began), not {key!r}")
             return key
         got = self._ids.get(key)
         if got is None:
@@ -94,12 +95,18 @@ class CompiledHeat(Policy):
         return got
 
     def _known(self, key: Hashable | None) -> int | None:
-        """The id of `key` where it has one (None for None, `_NONE` for an unknown key)."""
+        """The id of `key` (None for None); a key that cannot be held gets an id the core does not hold."""
         if key is None:
             return None
-        if not self._interned:
-            return key if isinstance(key, int) and _I64[0] <= key < _I64[1] else _NONE
-        return self._ids.get(key, _NONE)
+        if self._interned:
+            return self._ids.get(key, _NONE)  # ids are >= 0
+        if isinstance(key, int) and _I64[0] <= key < _I64[1]:
+            return key
+        assert self.core is not None
+        absent = _NONE
+        while absent in self.core:
+            absent -= 1
+        return absent
 
     def _key(self, i: int) -> Hashable:
         return self._keys[i] if self._interned else i
@@ -123,8 +130,9 @@ class CompiledHeat(Policy):
     def __contains__(self, key: Hashable) -> bool:
         if self.core is None:
             return key in self.reference
-        i = self._known(key)
-        return i is not None and i in self.core
+        if self._interned:
+            return key in self._ids and self._ids[key] in self.core
+        return isinstance(key, int) and _I64[0] <= key < _I64[1] and key in self.core
 
     def __len__(self) -> int:
         return len(self.reference) if self.core is None else len(self.core)
@@ -184,8 +192,8 @@ class CompiledHeat(Policy):
         if self.core is None:
             self.reference.on_remove(key)
             return
-        i = self._known(key)
-        if i is not None and i != _NONE:
+        if key in self:
+            i = self._id(key)
             self.core.remove(i)
             if self._interned:
                 self._forget(i)
@@ -235,9 +243,8 @@ class CompiledHeat(Policy):
         if self.core is None:
             self.reference.observe_cluster(key, cluster, distance)
             return
-        i = self._known(key)
-        if i is not None and i != _NONE:
-            self.core.observe_cluster(i, cluster, distance)
+        if key in self:
+            self.core.observe_cluster(self._id(key), cluster, distance)
 
     def end_trace(self, trace_id: str, now_ms: int, evict: bool = True) -> list[Eviction]:
         if self.core is None:
@@ -259,8 +266,7 @@ class CompiledHeat(Policy):
     def heat(self, key: Hashable) -> float | None:
         if self.core is None:
             return self.reference.heat(key)
-        i = self._known(key)
-        return None if i is None or i == _NONE else self.core.heat(i)
+        return self.core.heat(self._id(key)) if key in self else None
 
     def scores(self) -> Iterator[HeatScore]:
         """As `HeatPolicy.scores`: `evict` below `evict_below` (a leaf), `keep-alive` when only a

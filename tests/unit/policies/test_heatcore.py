@@ -186,3 +186,17 @@ def test_a_policy_scored_by_the_model_keeps_the_reference() -> None:
     policy.on_miss(1, 0)
     policy.on_miss(2, 0, 1, AccessMeta(parent=1))
     assert policy.core is None and policy.reference._prefix_mode and 2 in policy
+
+
+def test_integer_keys_stay_integers_and_another_key_is_refused_clearly() -> None:
+    policy = CompiledHeat(10)
+    policy.on_miss(-1, 0)  # any 64-bit int is a key, -1 too
+    policy.on_miss(2, 0, 1, AccessMeta(parent=-1))
+    assert policy.core is not None and -1 in policy and policy.heat(-1) is not None
+    assert "a" not in policy and 2**70 not in policy and policy.heat("a") is None
+    with pytest.raises(TypeError, match="64-bit ints"):
+        policy.on_miss("a", 1)
+    orphan = policy.on_miss(3, 1, 1, AccessMeta(parent="not a key"))
+    assert orphan == [Eviction(3, "rejected")] and 3 not in policy
+    policy.on_remove(-1)
+    assert -1 not in policy and 2 in policy  # its child stays, without a parent
