@@ -387,7 +387,8 @@ impl Core {
                 return s as i64;
             }
         }
-        self.leaves.least(exclude)
+        // `exclude` (the newcomer's parent) has a child now, so it is not queued
+        self.leaves.least()
     }
 
     fn evict(&mut self, v: usize, out: &mut Vec<(i64, u8)>) {

@@ -84,22 +84,9 @@ impl Leaves {
         }
     }
 
-    /// The first leaf in order that is not `exclude`.
-    pub fn least(&self, exclude: i64) -> i64 {
-        match self.items.first() {
-            None => -1,
-            Some(top) if top.slot as i64 != exclude => top.slot as i64,
-            Some(_) => {
-                // the next in order is one of the root's children
-                let kids = &self.items[1.min(self.items.len())..(1 + ARITY).min(self.items.len())];
-                kids.iter()
-                    .fold(None::<&Item>, |best, k| match best {
-                        Some(b) if !k.before(b) => Some(b),
-                        _ => Some(k),
-                    })
-                    .map_or(-1, |k| k.slot as i64)
-            }
-        }
+    /// The first leaf in order (-1: none queued).
+    pub fn least(&self) -> i64 {
+        self.items.first().map_or(-1, |top| top.slot as i64)
     }
 
     fn renumber(&mut self) {

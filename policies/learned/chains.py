@@ -170,13 +170,19 @@ class ChainReuse:
         return {"yes": list(self.yes), "seen": list(self.seen), "labels": self.labels}
 
     def load(self, data: dict[str, list[float] | int]) -> None:
-        yes, seen, labels = data["yes"], data["seen"], data["labels"]
-        if not isinstance(yes, list) or not isinstance(seen, list) or len(yes) != 2 or len(seen) != 2:
-            raise ValueError("chain re-use counts must be two lists of two numbers")
-        if not isinstance(labels, int):
-            raise ValueError("chain re-use labels must be a count")
-        if any(not 0.0 <= float(y) <= float(n) for y, n in zip(yes, seen, strict=True)):
-            raise ValueError("chain re-use counts must satisfy 0 <= yes <= seen")
-        self.yes, self.seen, self.labels = [float(y) for y in yes], [float(n) for n in seen], int(labels)
+        yes, seen, self.labels = reuse_counts(data)
+        self.yes, self.seen = list(yes), list(seen)
         self._refresh(0)
         self._refresh(1)
+
+
+def reuse_counts(data: dict[str, list[float] | int]) -> tuple[tuple[float, float], tuple[float, float], int]:
+    """The (yes, seen, labels) of a saved `ChainReuse.to_dict`, checked (ValueError when malformed)."""
+    yes, seen, labels = data["yes"], data["seen"], data["labels"]
+    if not isinstance(yes, list) or not isinstance(seen, list) or len(yes) != 2 or len(seen) != 2:
+        raise ValueError("chain re-use counts must be two lists of two numbers")
+    if not isinstance(labels, int):
+        raise ValueError("chain re-use labels must be a count")
+    if any(not 0.0 <= float(y) <= float(n) for y, n in zip(yes, seen, strict=True)):
+        raise ValueError("chain re-use counts must satisfy 0 <= yes <= seen")
+    return (float(yes[0]), float(yes[1])), (float(seen[0]), float(seen[1])), labels

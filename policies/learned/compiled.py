@@ -15,6 +15,7 @@ import numpy as np
 from cachemesh_heatcore import REASONS, ChainHeat
 
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
+from policies.learned.chains import reuse_counts
 from policies.learned.heat import HeatPolicy
 from policies.learned.signals import Decision, HeatScore
 
@@ -49,12 +50,7 @@ class CompiledReuse:
         return {"yes": yes, "seen": seen, "labels": labels}
 
     def load(self, data: dict[str, list[float] | int]) -> None:
-        yes, seen, labels = data["yes"], data["seen"], data["labels"]
-        if not isinstance(yes, list) or not isinstance(seen, list) or len(yes) != 2 or len(seen) != 2:
-            raise ValueError("chain re-use counts must be two lists of two numbers")
-        if not isinstance(labels, int):
-            raise ValueError("chain re-use labels must be a count")
-        self._core.load_reuse((float(yes[0]), float(yes[1])), (float(seen[0]), float(seen[1])), labels)
+        self._core.load_reuse(*reuse_counts(data))
 
 
 class CompiledHeat(Policy):
