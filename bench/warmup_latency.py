@@ -100,7 +100,7 @@ async def _run(bootstrap: str, dsn: str, pulses: int, keys: int) -> list[float]:
             names = [[f"{namespace}p{p}:{k}" for k in range(keys)] for p in range(pulses + 1)]
             for key in (k for group in names for k in group):
                 await cache.put(EntryMeta(key=key, kind="prompt", model="m"), encode_text(key, model="m"))
-                cache._drop_local(key, "bench: only L3 holds it")
+                cache.placement.drop_local(key, "bench: only L3 holds it")
             for p in track(range(pulses + 1), description="pulses"):
                 now_ms = time.time_ns() // 1_000_000
                 window = WindowComputed(

@@ -115,7 +115,7 @@ class EventRelay:
     def _reaches_broker(self) -> bool:
         """Whether the broker answered this node's fetches lately: a node cut off from it leaves the
         relay to the others (it would hold the rows it took until its send timed out)."""
-        heard = self.cache.heard_at_ms
+        heard = self.cache.placement.heard_at_ms
         return heard is not None and self.cache.wall_ms() - heard <= self.settings.outbox_relay_after_ms / 2
 
     async def _publish_access(self, outbox: Outbox) -> None:

@@ -210,7 +210,7 @@ class TiersService(Service):
             degrade=self._degrade_guard(),
         )
         if self.screen is not None:
-            self.cache.refiner = Refiner(
+            self.cache.placement.refiner = Refiner(
                 self.embedder.embed, s.embedder_screen_band, s.embedder_screen_band_max
             )
         self.relay = EventRelay(s, self.cache, self.l3, self.publisher, self.announcer, self._wake)
@@ -239,8 +239,8 @@ class TiersService(Service):
         # restarted after a crash waits here for the group to drop its dead member (the session timeout).
         await self._hearing(invalidations)
         self._invalidations = invalidations
-        self.cache.hearing_lease_ms = self.settings.hearing_lease_ms or None
-        self.cache.heard_at_ms = self._heard_at_ms(invalidations)
+        self.cache.placement.hearing_lease_ms = self.settings.hearing_lease_ms or None
+        self.cache.placement.heard_at_ms = self._heard_at_ms(invalidations)
         await self._start_api(stack)
         # Everything built so far lives as long as the process: out of the collector's way, so a full
         # collection does not walk it in the middle of a request (tens of ms at p99 otherwise).
@@ -304,7 +304,7 @@ class TiersService(Service):
             stack.push_async_callback(server.stop)
             self.block_server = server
             own = server.address
-            self.cache.l2_address = own
+            self.cache.placement.l2_address = own
             log.info("L2 block server listening", extra={"address": own, "rdma": exporter is not None})
         peers = [p for p in s.l2_peers if p != own]
         if peers:
@@ -319,7 +319,7 @@ class TiersService(Service):
                 token=token,
             )
             stack.push_async_callback(self.peers.close)
-            self.cache.peers = self.peers
+            self.cache.placement.peers = self.peers
             log.info("reading peers' L2 before L3", extra={"peers": peers, "transport": s.l2_transport})
 
     def _rdma_exporter(self, pool: BlockPool) -> PyverbsExporter | None:
@@ -473,10 +473,10 @@ class TiersService(Service):
         a `TierModeChanged` event."""
         assert self.cache is not None
         change = self.cache.check_mode()
-        if self.cache.degrade is None:
+        if self.cache.placement.degrade is None:
             return
         node = self.settings.node_id
-        rate = self.cache.degrade.stats().window_hit_rate
+        rate = self.cache.placement.degrade.stats().window_hit_rate
         if rate is not None:
             WINDOW_HIT_RATE.labels(node).set(rate)
         if change is not None:
@@ -514,9 +514,9 @@ class TiersService(Service):
         assert cache is not None and self._invalidations is not None
         forget_after = self.settings.forget_after_unheard_ms
         was_hearing, deaf_since = cache.hearing, cache.wall_ms()
-        last_heard = cache.heard_at_ms
+        last_heard = cache.placement.heard_at_ms
         while True:
-            heard = cache.heard_at_ms = self._heard_at_ms(self._invalidations)
+            heard = cache.placement.heard_at_ms = self._heard_at_ms(self._invalidations)
             hearing = cache.hearing
             if was_hearing and not hearing:  # deaf since the last fetch answer (or now, without one)
                 deaf_since = last_heard if last_heard is not None else cache.wall_ms()
@@ -549,17 +549,23 @@ class TiersService(Service):
             return []
         reasons = []
         if cache.breaker.state != "closed":
-            writes = "queued for L3 (write-behind)" if cache.write_behind else "refused with 503 (retry)"
+            writes = (
+                "queued for L3 (write-behind)" if cache.writes.write_behind else "refused with 503 (retry)"
+            )
             reasons.append(f"L3 breaker {cache.breaker.state}: lookups from L1/L2 only, writes {writes}")
         if not cache.hearing:
             reasons.append("not hearing invalidations: lookups read L3 alone")
-        if cache.local_only:
+        if cache.placement.local_only:
             reasons.append("local-only: the peers' L2 is not asked (hit rate under the degrade threshold)")
         return reasons
 
     async def checks(self) -> dict[str, Any]:
         cache = self.cache
-        guard = cache.degrade.stats() if cache is not None and cache.degrade is not None else None
+        guard = (
+            cache.placement.degrade.stats()
+            if cache is not None and cache.placement.degrade is not None
+            else None
+        )
         return {
             "degraded": self._degraded(),
             "api_serving": self._api is not None and self._api.started,

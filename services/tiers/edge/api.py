@@ -99,7 +99,7 @@ def create_app(
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> dict[str, Any]:
-        return {"healthy": True, "degraded": cache.degraded, "l2_blocks": cache.l2_address}
+        return {"healthy": True, "degraded": cache.degraded, "l2_blocks": cache.placement.l2_address}
 
     return app
 

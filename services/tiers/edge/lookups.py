@@ -158,7 +158,7 @@ class Lookups:
         if text is not None:
             return self.lookup_one(body)
         got = self.cache.begin(
-            body.key, vec, model=body.model, tolerance=body.tolerance, trace_id=body.trace_id, text=body.text
+            CacheQuery(body.key, vec, body.model, body.tolerance, body.trace_id, body.text)
         )
         return self.answer(body, got) if isinstance(got, Lookup) else self.lookup_rest(body, got)
 

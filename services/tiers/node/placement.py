@@ -18,6 +18,7 @@ from schemas.events import Tier, now_ms
 from services.runtime.breaker import LatencyBreaker
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.l1.cache import L1Cache
+from services.tiers.l1.vector_index import normalize
 from services.tiers.l2.blocks import Located
 from services.tiers.l2.store import L2Store
 from services.tiers.node.causal import CausalClock
@@ -34,7 +35,7 @@ log = logging.getLogger(__name__)
 
 class Placement:
     """One node's tiers and what it knows about them (fences, counters, the matcher): placing, promoting
-    and dropping entries. `TieredCache` (tiered.py) builds on it; `LookupExecutor` (executor.py) walks it."""
+    and dropping entries. `TieredCache` (tiered.py) holds it; `LookupExecutor` (executor.py) walks it."""
 
     def __init__(
         self,
@@ -50,8 +51,6 @@ class Placement:
         double_delete_delay_ms: int = 200,
         l3_timeout_s: float = 1.0,
         l3_candidates: int = 4,
-        max_pending_l3_writes: int = 10_000,
-        write_behind: bool = False,
         peers: RemoteL2 | None = None,
         matcher: Matcher | None = None,
         degrade: HitRateGuard | None = None,
@@ -80,20 +79,10 @@ class Placement:
         self.double_delete_delay_ms = double_delete_delay_ms
         self.l3_timeout_s = l3_timeout_s
         self.l3_candidates = l3_candidates
-        self.max_pending_l3_writes = max_pending_l3_writes
-        # False: a write or delete is acknowledged only once L3 holds it (durable); True: also from memory
-        # while L3 cannot take it, queued for L3 (best effort: lost if the node dies first).
-        self.write_behind = write_behind
         self.dim = l1.dim
-        # Writes (Entry) and deletes (None) that L3 has not taken yet, oldest first.
-        self._pending: OrderedDict[str, Entry | None] = OrderedDict()
         # trace id -> keys bound to it (may hold keys already evicted; checked before use, pruned).
         self._bound: dict[str, set[str]] = {}
         self._bound_count = 0
-        # Ids of tier commands applied, oldest first (TieredCache.on_command refuses a redelivery).
-        self._applied_commands: dict[str, None] = {}
-        # Ids of invalidations applied, oldest first: the outbox relay may send one again.
-        self._applied_invalidations: dict[str, None] = {}
         # key -> when the newest write (or delete) of it this node has heard of happened: a copy older
         # than that is neither served nor placed (an L3 row a write-behind has not reached, a read that
         # raced the invalidation, a peer's copy not dropped yet). The oldest are forgotten past the bound.
@@ -109,7 +98,6 @@ class Placement:
         # Degrade to local-only (degrade.py): while `local_only`, lookups do not ask the peers' L2.
         self.degrade = degrade
         self.local_only = False
-        self._seen_hits = self._seen_lookups = 0  # the counters at the guard's last tick
         # Set by the service when text lookups are screened by a cheap model (refine.py).
         self.refiner: Refiner | None = None
 
@@ -133,7 +121,7 @@ class Placement:
         at = self._fences.get(entry.key)
         return at is not None and entry.meta.updated_at_ms < at
 
-    def _admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
+    def admit(self, entry: Entry, *, to_l1: bool = True, to_l2: bool = True) -> tuple[Tier, ...]:
         """Place `entry` in L1 (and L2, write-through); returns where it went. A KV block goes to L2 alone
         when L2 takes values its size (the block pool is where KV lives, docs/design.md §1.1)."""
         meta = entry.meta
@@ -171,14 +159,14 @@ class Placement:
 
     def _prune_bound(self) -> None:
         for trace in list(self._bound):
-            live = {k for k in self._bound[trace] if self._local_meta(k) is not None}
+            live = {k for k in self._bound[trace] if self.local_meta(k) is not None}
             if live:
                 self._bound[trace] = live
             else:
                 del self._bound[trace]
         self._bound_count = sum(len(v) for v in self._bound.values())
 
-    def _local_meta(self, key: str) -> EntryMeta | None:
+    def local_meta(self, key: str) -> EntryMeta | None:
         cached = self.l1.peek(key)
         if cached is not None:
             return cached.meta
@@ -188,7 +176,7 @@ class Placement:
         """Whether this node's memory (L1/L2) holds a live entry under `key` for `model`: an exact
         lookup will be answered, so the API need not embed the request's text for a semantic step
         that would not run."""
-        meta = self._local_meta(key)
+        meta = self.local_meta(key)
         if meta is None or (model is not None and meta.model != model):
             return False
         ttl = meta.remaining_ttl_ms(self.wall_ms())
@@ -242,33 +230,54 @@ class Placement:
 
     async def entry_meta(self, key: str) -> EntryMeta | None:
         """The descriptor facts under `key`, from this node's tiers or else L3; no access is counted."""
-        meta = self._local_meta(key)
+        meta = self.local_meta(key)
         if meta is None and self.l3 is not None:
             _, entry = await self.l3_call(self.l3.get, key, self.wall_ms())
             meta = None if entry is None else entry.meta
         return meta
 
-    def _touch_local(self, key: str) -> None:
+    def touch_local(self, key: str) -> None:
         """Count a use of `key` in the tier holding it (recency), without reading it."""
         if self.l2 is not None and self.l2.touch(key):
             return
         self.l1.touch(key)
 
-    def _drop_local(self, key: str, reason: str) -> bool:
+    def drop_local(self, key: str, reason: str) -> bool:
         dropped = self.l1.remove(key, reason)
         if self.l2 is not None:
             dropped = self.l2.remove(key, reason) or dropped
         return dropped
 
-    def _similar_local(self, embedding: npt.ArrayLike, threshold: float) -> set[str]:
-        keys = set(self.l1.similar_keys(embedding, threshold))
-        if self.l2 is not None:
-            keys.update(self.l2.similar_keys(embedding, threshold))
+    def unbind(self, trace: str) -> set[str]:
+        """The keys placed bound to conversation `trace` (some may be gone since), forgotten here."""
+        keys = self._bound.pop(trace, set())
+        self._bound_count -= len(keys)
         return keys
+
+    def stale_neighbours(
+        self, embedding: npt.ArrayLike, threshold: float, text: str | None, model: str | None
+    ) -> set[str]:
+        """Local entries a write of prompt `text` at `embedding` for `model` makes stale: of the same
+        model (a lookup never matches across models, so a write must not drop another model's or
+        tenant's entry either), at least `threshold` similar, and asking the same question (no guard
+        fires when both prompts are known)."""
+        q = normalize(embedding)[0]
+        near = set(self.l1.similar_keys(embedding, threshold))
+        if self.l2 is not None:
+            near.update(self.l2.similar_keys(embedding, threshold))
+        stale = set()
+        for key in near:
+            meta = self.local_meta(key)
+            if meta is None or meta.embedding is None or (model is not None and meta.model != model):
+                continue
+            sim = float(normalize(meta.embedding)[0] @ q)
+            if self.matcher.same_question(text, meta, min(sim, 1.0), threshold):
+                stale.add(key)
+        return stale
 
     def promote(self, step: Step, entry: Entry) -> None:
         """Copy a hit of `step` into the tiers the plan says it goes to."""
-        self._admit(entry, to_l1="l1" in step.promote, to_l2="l2" in step.promote)
+        self.admit(entry, to_l1="l1" in step.promote, to_l2="l2" in step.promote)
 
     def l2_entry(self, key: str, model: str | None) -> Entry | None:
         if self.l2 is None or key not in self.l2:

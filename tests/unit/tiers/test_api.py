@@ -353,7 +353,7 @@ async def test_a_lookup_by_key_and_text_embeds_only_when_the_key_is_not_in_memor
 
 async def test_the_client_sees_an_explored_miss_and_labels_it() -> None:
     cache = make_cache(Clock())
-    cache.matcher = Matcher(delta=0.02, explore_rate=1.0)  # the shipped rule, exploring every time
+    cache.placement.matcher = Matcher(delta=0.02, explore_rate=1.0)  # the shipped rule, exploring every time
     app = create_app(cache, settings(), WordEmbedder())
     async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as c:
         await c.put("k", "the answer", model="m", embed_text="Reset a password")
@@ -375,7 +375,7 @@ async def test_a_similarity_is_never_reported_above_one(client: AsyncTiersClient
 
 async def test_a_label_for_the_entrys_own_text_teaches_the_threshold_nothing() -> None:
     cache = make_cache(Clock())
-    cache.matcher = Matcher(delta=0.02)
+    cache.placement.matcher = Matcher(delta=0.02)
     app = create_app(cache, settings(), WordEmbedder())
     async with AsyncTiersClient("http://tiers", transport=httpx.ASGITransport(app=app)) as c:
         await c.put("k", "the answer", model="m", embed_text="Reset a password")

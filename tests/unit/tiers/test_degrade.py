@@ -188,9 +188,9 @@ async def test_a_local_only_node_stops_asking_peers_and_comes_back() -> None:
     peers' L2 is skipped (counted) and L3 still answers; back in normal the peers are asked again."""
     rig = make()
     cache, clock = rig.cache, rig.clock
-    cache.degrade = HitRateGuard(CFG, clock=clock)
+    cache.placement.degrade = HitRateGuard(CFG, clock=clock)
     peers = FakePeers({"p": stored("p", "from a peer", clock)})
-    cache.peers = peers
+    cache.placement.peers = peers
     rig.l3.rows["in-l3"] = stored("in-l3", "from l3", clock)
     changes = []
     for i in range(10):
@@ -228,7 +228,7 @@ def test_without_a_guard_the_mode_stays_normal() -> None:
 async def test_a_node_without_peers_stays_normal_and_says_why() -> None:
     # Local-only skips the peers' L2: a lone node's low hit rate has nothing to fall back from.
     rig = make()
-    rig.cache.degrade = HitRateGuard(CFG, clock=rig.clock)
+    rig.cache.placement.degrade = HitRateGuard(CFG, clock=rig.clock)
     for i in range(10):
         for j in range(10):
             await rig.cache.get(f"absent-{i}-{j}")

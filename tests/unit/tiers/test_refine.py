@@ -51,7 +51,7 @@ def make(precise: Precise, band: float = 0.04) -> tuple[TieredCache, Clock]:
         wall_ms=clock,
         perf_ns=clock.ns,
     )
-    cache.refiner = Refiner(precise, band)
+    cache.placement.refiner = Refiner(precise, band)
     return cache, clock
 
 

@@ -115,10 +115,10 @@ async def test_begin_answers_from_memory_at_once_and_leaves_the_rest_to_finish()
     rig = make()
     await rig.cache.put(meta("held"), encode_text("in memory", model="m"))
     rig.l3.rows["far"] = stored("far", "from l3", rig.clock)
-    held = rig.cache.begin("held")
+    held = rig.cache.begin(Query("held"))
     assert isinstance(held, Lookup) and (held.tier, text_of(held.entry)) == ("l1", "in memory")
     calls, misses, queued = rig.l3.calls, rig.cache.l1.stats().misses, rig.cache.outbox.stats().queued_access
-    pending = rig.cache.begin("far")
+    pending = rig.cache.begin(Query("far"))
     assert isinstance(pending, Pending) and rig.l3.calls == calls
     far = await rig.cache.finish(pending)
     assert (far.tier, text_of(far.entry)) == ("l3", "from l3") and rig.l3.calls == calls + 1
@@ -270,13 +270,13 @@ async def test_a_copy_older_than_a_write_heard_of_is_a_miss_never_a_stale_answer
     # miss rather than the old value, and places no old copy, until a copy this new turns up.
     rig = make(node="b")
     rig.l3.rows["k"] = stored("k", "old", rig.clock)
-    rig.cache.peers = FakePeers({"k": stored("k", "old, on a peer", rig.clock)})
+    rig.cache.placement.peers = FakePeers({"k": stored("k", "old, on a peer", rig.clock)})
     rig.clock.advance(10)
     rig.cache.on_invalidated(CacheInvalidated(key="k", origin_node_id="a", occurred_at_ms=rig.clock()))
     assert not (await rig.cache.get("k")).hit
     assert not (await rig.cache.get_many([Query(key="k")]))[0].hit
     assert "k" not in rig.cache.l1 and rig.cache.stats()["fenced"] == 2
-    rig.cache.peers = None
+    rig.cache.placement.peers = None
     rig.l3.rows["k"] = stored("k", "new", rig.clock)  # the write reached L3
     assert text_of((await rig.cache.get("k")).entry) == "new" and "k" in rig.cache.l1
 
@@ -431,7 +431,7 @@ async def test_failing_l3_degrades_and_the_write_behind_queue_is_bounded() -> No
 async def test_a_node_that_does_not_hear_serves_l3_and_takes_no_write_behind() -> None:
     rig = make(l3=MemoryL3(fail=True), write_behind=True)
     await rig.cache.put(meta("k"), encode_text("local", model="m"))
-    rig.cache.hearing_lease_ms, rig.cache.heard_at_ms = 1000, rig.clock()
+    rig.cache.placement.hearing_lease_ms, rig.cache.placement.heard_at_ms = 1000, rig.clock()
     assert (await rig.cache.get("k")).tier == "l1"
     rig.clock.advance(1001)  # no fetch answered within the lease: a write elsewhere may be unheard of
     assert not rig.cache.hearing
@@ -439,7 +439,7 @@ async def test_a_node_that_does_not_hear_serves_l3_and_takes_no_write_behind() -
     assert not late.hit and late.degraded and rig.cache.stats()["unheard_lookups"] == 1
     with pytest.raises(L3Unavailable, match="does not hear"):
         await rig.cache.put(meta("w"), encode_text("w", model="m"))  # no one could be told
-    rig.cache.heard_at_ms = rig.clock()
+    rig.cache.placement.heard_at_ms = rig.clock()
     assert (await rig.cache.get("k")).tier == "l1"
     assert not (await rig.cache.put(meta("w"), encode_text("w", model="m"))).persisted
 
@@ -590,7 +590,7 @@ async def test_data_l3_refuses_is_an_error_not_an_outage() -> None:
 async def test_a_peers_l2_answers_before_l3_and_the_hit_is_promoted_here() -> None:
     rig = make()
     peers = FakePeers({"k": stored("k", "from a peer", rig.clock)})
-    rig.cache.peers = peers
+    rig.cache.placement.peers = peers
     rig.l3.rows["k"] = stored("k", "from l3", rig.clock)
     calls = rig.l3.calls
     hit = await rig.cache.get("k")
@@ -612,7 +612,7 @@ async def test_a_peers_l2_answers_before_l3_and_the_hit_is_promoted_here() -> No
 
 async def test_a_peer_copy_of_another_model_or_expired_is_not_served() -> None:
     rig = make()
-    rig.cache.peers = FakePeers(
+    rig.cache.placement.peers = FakePeers(
         {
             "m2": stored("m2", "other model", rig.clock, model="m2"),
             "old": stored("old", "expired", rig.clock, ttl_hint_ms=10),
@@ -629,7 +629,7 @@ async def test_a_broken_peer_port_never_fails_a_lookup() -> None:
     rig = make()
     peers = FakePeers({"k": stored("k", "peer", rig.clock)})
     peers.fail = True
-    rig.cache.peers = peers
+    rig.cache.placement.peers = peers
     rig.l3.rows["k"] = stored("k", "from l3", rig.clock)
     hit = await rig.cache.get("k")
     assert (hit.tier, hit.remote) == ("l3", False)
@@ -639,7 +639,7 @@ async def test_a_broken_peer_port_never_fails_a_lookup() -> None:
 async def test_batched_lookups_and_warmup_ask_peers_once_for_all_local_misses() -> None:
     rig = make()
     peers = FakePeers({f"p{i}": stored(f"p{i}", f"peer {i}", rig.clock) for i in range(3)})
-    rig.cache.peers = peers
+    rig.cache.placement.peers = peers
     rig.l3.rows["l3-only"] = stored("l3-only", "l3", rig.clock)
     await rig.cache.put(meta("local"), encode_text("local", model="m"))
     results = await rig.cache.get_many(
@@ -659,7 +659,7 @@ async def test_batched_lookups_and_warmup_ask_peers_once_for_all_local_misses() 
         (None, False),
     ]
     assert peers.asked == [["p0", "p1", "l3-only", "p2"]]
-    rig.cache._drop_local("l3-only", "test")
+    rig.cache.placement.drop_local("l3-only", "test")
     done = await rig.cache.on_command(WarmupRequested(keys=["p2", "l3-only", "local"], node_id="a"))
     assert done is not None and (done.loaded, done.from_peers, done.from_l3) == (2, 1, 1)
     assert "p2" in rig.cache.l1 and "l3-only" in rig.cache.l1
