@@ -3,6 +3,7 @@ policy class declares (size-aware, prefix-aware) without building one."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -30,64 +31,15 @@ class PolicySpec:
     build: Callable[[type[Policy], BuildArgs], Policy]
 
 
-def _lru() -> type[Policy]:
-    from policies.recency.lru import LRU
+def _lazy(path: str) -> Callable[[], type[Policy]]:
+    """The class at `module:Name`, imported when first asked for (the learned policy pulls in torch)."""
+    module, _, name = path.partition(":")
 
-    return LRU
+    def load() -> type[Policy]:
+        cls: type[Policy] = getattr(importlib.import_module(module), name)
+        return cls
 
-
-def _lru2() -> type[Policy]:
-    from policies.recency.lru_k import LRUK
-
-    return LRUK
-
-
-def _lfu() -> type[Policy]:
-    from policies.frequency.lfu import LFU
-
-    return LFU
-
-
-def _arc() -> type[Policy]:
-    from policies.adaptive.arc import ARC
-
-    return ARC
-
-
-def _wtinylfu() -> type[Policy]:
-    from policies.adaptive.wtinylfu import WTinyLFU
-
-    return WTinyLFU
-
-
-def _lirs() -> type[Policy]:
-    from policies.adaptive.lirs import LIRS
-
-    return LIRS
-
-
-def _s3fifo() -> type[Policy]:
-    from policies.fifo.s3fifo import S3FIFO
-
-    return S3FIFO
-
-
-def _sieve() -> type[Policy]:
-    from policies.fifo.sieve import SIEVE
-
-    return SIEVE
-
-
-def _heat() -> type[Policy]:
-    from policies.learned.compiled import CompiledHeat
-
-    return CompiledHeat
-
-
-def _opt() -> type[Policy]:
-    from policies.offline.opt import Belady
-
-    return Belady
+    return load
 
 
 def _plain(cls: type[Policy], a: BuildArgs) -> Policy:
@@ -119,16 +71,16 @@ def _build_opt(cls: type[Policy], a: BuildArgs) -> Policy:
 REGISTRY: dict[str, PolicySpec] = {
     spec.name: spec
     for spec in (
-        PolicySpec("lru", "recency", _lru, _plain),
-        PolicySpec("lfu", "frequency", _lfu, _plain),
-        PolicySpec("lru2", "recency", _lru2, _build_lru2),
-        PolicySpec("arc", "adaptive", _arc, _plain),
-        PolicySpec("wtinylfu", "adaptive", _wtinylfu, _seeded),
-        PolicySpec("lirs", "adaptive", _lirs, _plain),
-        PolicySpec("s3fifo", "fifo", _s3fifo, _plain),
-        PolicySpec("sieve", "fifo", _sieve, _plain),
-        PolicySpec("heat", "learned", _heat, _build_heat),
-        PolicySpec("opt", "offline", _opt, _build_opt),
+        PolicySpec("lru", "recency", _lazy("policies.recency.lru:LRU"), _plain),
+        PolicySpec("lfu", "frequency", _lazy("policies.frequency.lfu:LFU"), _plain),
+        PolicySpec("lru2", "recency", _lazy("policies.recency.lru_k:LRUK"), _build_lru2),
+        PolicySpec("arc", "adaptive", _lazy("policies.adaptive.arc:ARC"), _plain),
+        PolicySpec("wtinylfu", "adaptive", _lazy("policies.adaptive.wtinylfu:WTinyLFU"), _seeded),
+        PolicySpec("lirs", "adaptive", _lazy("policies.adaptive.lirs:LIRS"), _plain),
+        PolicySpec("s3fifo", "fifo", _lazy("policies.fifo.s3fifo:S3FIFO"), _plain),
+        PolicySpec("sieve", "fifo", _lazy("policies.fifo.sieve:SIEVE"), _plain),
+        PolicySpec("heat", "learned", _lazy("policies.learned.compiled:CompiledHeat"), _build_heat),
+        PolicySpec("opt", "offline", _lazy("policies.offline.opt:Belady"), _build_opt),
     )
 }
 
