@@ -4,14 +4,13 @@ from the environment."""
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
 from infra.kafka_broker import DEFAULT_KAFKA_VERSION, ApacheKafkaBroker, ensure_kafka_jars
 from infra.kafka_probe import broker_count, split_bootstrap
-from infra.process import InfraError
+from infra.process import InfraError, wait_until_answers
 from infra.tansu_broker import TansuBroker
 
 __all__ = [
@@ -81,17 +80,10 @@ class ExternalBroker:
         return f"ExternalBroker(bootstrap={self._bootstrap!r})"
 
     def start(self) -> None:
-        began = time.monotonic()
-        deadline = began + self.start_timeout_s
-        while True:
-            try:
-                broker_count(self._bootstrap, timeout_s=2.0)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise InfraError(f"Kafka at {self._bootstrap} not reachable: {exc}") from exc
-                time.sleep(0.2)
-        self._start_seconds = time.monotonic() - began
+        self._start_seconds = wait_until_answers(
+            lambda: broker_count(self._bootstrap, timeout_s=2.0), (OSError,), self.start_timeout_s,
+            f"Kafka at {self._bootstrap}",
+        )  # fmt: skip
 
     def stop(self) -> None:
         pass

@@ -20,7 +20,7 @@ from typing import Protocol, Self, TypeVar, runtime_checkable
 import asyncpg
 
 from infra.paths import LOOPBACK
-from infra.process import InfraError, ManagedServer, ServerProcess
+from infra.process import InfraError, ManagedServer, ServerProcess, wait_until_answers
 from services.runtime.postgres import redact_dsn
 
 __all__ = ["EmbeddedPostgres", "ExternalPostgres", "Postgres", "postgres_from_env", "redact_dsn"]
@@ -326,17 +326,10 @@ class ExternalPostgres:
         _run_in_fresh_loop(select_one)
 
     def start(self) -> None:
-        began = time.monotonic()
-        while True:
-            try:
-                self._check()
-                break
-            except _CONNECT_ERRORS as exc:
-                if time.monotonic() - began > self.start_timeout_s:
-                    # The exception text never carries the password; the DSN is redacted.
-                    raise InfraError(f"Postgres at {redact_dsn(self._dsn)} not reachable: {exc}") from None
-                time.sleep(0.2)
-        self._start_seconds = time.monotonic() - began
+        # The error text never carries the password; the DSN is redacted.
+        self._start_seconds = wait_until_answers(
+            self._check, _CONNECT_ERRORS, self.start_timeout_s, f"Postgres at {redact_dsn(self._dsn)}"
+        )
 
     def stop(self) -> None:
         pass

@@ -33,6 +33,22 @@ class InfraError(RuntimeError):
     """A server could not be fetched, started or reached."""
 
 
+def wait_until_answers(
+    check: Callable[[], object], errors: tuple[type[BaseException], ...], timeout_s: float, what: str
+) -> float:
+    """Call `check` until it does not raise one of `errors`; the seconds it took. Past `timeout_s` an
+    `InfraError` says `what` is not reachable, with the last error (which must not carry a secret)."""
+    began = time.monotonic()
+    while True:
+        try:
+            check()
+            return time.monotonic() - began
+        except errors as exc:
+            if time.monotonic() - began > timeout_s:
+                raise InfraError(f"{what} not reachable: {exc}") from None
+            time.sleep(0.2)
+
+
 def _die_with_parent(death_signal: int, parent_pid: int) -> Callable[[], None]:
     def preexec() -> None:
         if _libc is not None:
