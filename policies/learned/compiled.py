@@ -127,7 +127,8 @@ class CompiledHeat(Policy):
         if self.core is None:
             return key in self.reference
         if self._interned:
-            return key in self._ids and self._ids[key] in self.core
+            i = self._ids.get(key)
+            return i is not None and i in self.core
         return isinstance(key, int) and _I64[0] <= key < _I64[1] and key in self.core
 
     def __len__(self) -> int:
@@ -149,22 +150,22 @@ class CompiledHeat(Policy):
     def rescores(self) -> int:
         return self.reference.rescores if self.core is None else self.core.rescores
 
-    def _meta(self, meta: AccessMeta | None) -> dict[str, Any]:
+    def _meta(self, meta: AccessMeta | None) -> tuple[int | None, int | None, int | None, int | None]:
+        """(parent, trace, ttl_ms, cluster) as the core takes them, positionally."""
         if meta is None:
-            return {}
+            return None, None, None, None
         trace = None
         if meta.trace_id is not None:
             ids = self.reference._trace_ids
             trace = ids.setdefault(meta.trace_id, len(ids))
         # (attention heat is read by the model only, which does not score prefix chains)
-        parent = self._known(meta.parent)
-        return {"parent": parent, "trace": trace, "ttl_ms": meta.ttl_ms, "cluster": meta.cluster}
+        return self._known(meta.parent), trace, meta.ttl_ms, meta.cluster
 
     def on_hit(self, key: Hashable, now_ms: int, meta: AccessMeta | None = None) -> None:
         if self.core is None:
             self.reference.on_hit(key, now_ms, meta)
         else:
-            self.core.on_hit(self._id(key), now_ms, **self._meta(meta))
+            self.core.on_hit(self._id(key), now_ms, *self._meta(meta))
 
     def on_miss(
         self, key: Hashable, now_ms: int, size: int = 1, meta: AccessMeta | None = None
@@ -182,7 +183,7 @@ class CompiledHeat(Policy):
             self._hand_over()
         core = self.core
         assert core is not None
-        return self._gone(core.on_miss(self._id(key), now_ms, size, **self._meta(meta)))
+        return self._gone(core.on_miss(self._id(key), now_ms, size, *self._meta(meta)))
 
     def on_remove(self, key: Hashable) -> None:
         if self.core is None:

@@ -65,6 +65,7 @@ class HeatEngine:
         self.scored_events = -1  # `events_applied` at the last round that re-scored
         # Where each key's events arrive (topic, partition), for `forget`; pruned to the tracked keys.
         self._origin: dict[Hashable, Origin] = {}
+        self._origin_bound = 1024
         self.forgotten = 0  # keys dropped because their partition went to another owner
 
     @property
@@ -97,9 +98,11 @@ class HeatEngine:
         if key is None:
             return
         self._origin[key] = origin
-        if len(self._origin) > 2 * (len(self.policy) + len(self._orphans)) + 1024:
-            # Keys the policy no longer tracks (evicted, removed): their origin is not needed.
+        if len(self._origin) > self._origin_bound:
+            # Keys the policy no longer tracks (evicted, removed): their origin is not needed. Checked
+            # against a bound set at the last prune, so most events do not count the tracked keys.
             self._origin = {k: o for k, o in self._origin.items() if k in self.policy or k in self._orphans}
+            self._origin_bound = 2 * (len(self.policy) + len(self._orphans)) + 1024
 
     def forget(self, origins: Collection[Origin]) -> int:
         """Drops every key whose events arrived from `origins` (partitions a rebalance gave to another

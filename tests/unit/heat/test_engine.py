@@ -214,6 +214,18 @@ def test_forget_drops_the_keys_of_revoked_partitions_and_nothing_else() -> None:
     assert engine.forget({("cache.access.v1", 1)}) == 0  # already gone
 
 
+def test_origins_are_kept_for_tracked_keys_only_within_a_bound() -> None:
+    """Where each key's events came from is pruned to the keys still tracked: a stream of keys far
+    beyond the capacity leaves at most 2x the tracked keys (+1024) of origins, and `forget` still
+    finds a tracked key's partition afterwards."""
+    engine = _engine(capacity=32)
+    for i in range(5_000):
+        engine.apply(CacheAccessed(key=f"k{i}", hit=False, occurred_at_ms=i), ("cache.access.v1", i % 2))
+        assert len(engine._origin) <= 2 * (32 + engine.orphans_parked) + 1024 + 1
+    tracked = [f"k{i}" for i in range(5_000) if f"k{i}" in engine.policy]
+    assert tracked and engine.forget({("cache.access.v1", 0), ("cache.access.v1", 1)}) == len(tracked)
+
+
 def test_forget_without_origins_recorded_drops_nothing() -> None:
     engine = _engine()
     engine.apply(CacheAccessed(key="a", hit=False, occurred_at_ms=1))
