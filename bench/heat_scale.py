@@ -1,15 +1,20 @@
 """Heat services side by side: events/s that 1, 2, ... heat services (each its own process and
-`CACHEMESH_HEAT_INSTANCE`, one consumer group) apply from a backlog of `cache.access.v1`.
+`CACHEMESH_HEAT_INSTANCE`, one consumer group) apply from a backlog of `cache.access.v1`, or of
+`kv.events.v1` with `--shape chains`.
 
-A backlog of N accesses (zipf keys, in `CacheAccessBatch` records of 64, grouped by partition as the
-tier nodes send them) is written once; each row starts its instances in a fresh group, so they read it
+A backlog of N accesses (`zipf`: keys in `CacheAccessBatch` records of 64, grouped by partition as the
+tier nodes send them; the panel decides. `chains`: `KvBlockStored` blocks, one record each as the bridge
+sends them, whose parents are the blocks before them in their request: prefix chains, which heat's
+compiled core decides) is written once; each row starts its instances in a fresh group, so they read it
 from the start. The rate is taken between 10% and 100% of the backlog applied (summed over the
 instances' health reports), so process start-up (torch import, group join) is not in it; CPU is the
-instances' user + system time over the same span. Every row must apply exactly N events: more would be
-events applied twice. On a 2-core machine the broker and the instances share the cores, which bounds
-what a second instance can add; the "x one" column is the ratio to the first row of the same run.
+instances' user + system time over the same span, and idle CPU is theirs over 5 s starting 5 s after the
+backlog is handled (nothing left to read, the last decisions out). Every row must handle exactly N
+events (applied, or parked as an orphan until its parent arrives): more would be events applied twice.
+On a 2-core machine the broker and the instances share the cores, which bounds what a second instance
+can add; the "x one" column is the ratio to the first row of the same run.
 
-    python -m bench.heat_scale [--events 100000] [--instances 1,2]
+    python -m bench.heat_scale [--events 100000] [--instances 1,2] [--shape zipf|chains]
     (KAFKA_BOOTSTRAP / DATABASE_URL: a broker and Postgres; otherwise it starts its own)
 """
 
@@ -33,9 +38,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from bench.heat_cost import million_chains
 from infra.brokers import broker_from_env
 from infra.postgres import postgres_from_env
-from schemas.events import CacheAccessed, access_batch
+from schemas.events import CacheAccessed, KvBlockStored, access_batch
 from services.runtime.publisher import EventPublisher
 from services.runtime.settings import KafkaSettings
 from services.runtime.topics import ensure_topics
@@ -50,10 +56,34 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _write_backlog(bootstrap: str, namespace: str, events: int, seed: int) -> None:
+def chain_events(events: int, seed: int, t0: int) -> list[KvBlockStored]:
+    """`events` stored blocks of prefix traffic (bench.heat_cost's generator), each the first time its
+    request computes it (an engine stores a block once; later requests hit its prefix cache), naming
+    the block before it in its request as its parent."""
+    trace = million_chains(max(1, events), seed)
+    keys, starts = trace.keys.tolist(), set(trace.starts.tolist())
+    out: list[KvBlockStored] = []
+    seen: set[int] = set()
+    for i, k in enumerate(keys):
+        if len(out) == events:
+            break
+        if k in seen:
+            continue
+        seen.add(k)
+        parent = None if i in starts else f"{keys[i - 1]:016x}"
+        out.append(KvBlockStored(block_hash=f"{k:016x}", parent_block_hash=parent, occurred_at_ms=t0 + i))
+    return out
+
+
+async def _write_backlog(bootstrap: str, namespace: str, events: int, seed: int, shape: str) -> None:
     publisher = EventPublisher(KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace))
     await publisher.start()
     try:
+        if shape == "chains":
+            blocks = chain_events(events, seed, 1_700_000_000_000)
+            for start in range(0, len(blocks), 4096):
+                await publisher.publish_many(blocks[start : start + 4096])
+            return
         keys = np.random.default_rng(seed).zipf(1.2, size=events) % 50_000
         t0 = 1_700_000_000_000
         for start in range(0, events, 4096):
@@ -118,7 +148,13 @@ def run_row(env: dict[str, str], namespace: str, instances: int, events: int, pr
         applied = 0
         while time.monotonic() < deadline:
             reports = [_health(p) for p in ports]
-            applied = sum(int(r.get("events_applied", 0)) for r in reports if r)
+            # Handled: applied, or parked until its parent arrives (a block read before its parent,
+            # which another partition holds, waits up to the service's orphan hold).
+            applied = sum(
+                int(r.get("events_applied", 0)) + int(r.get("orphans", {}).get("parked", 0))
+                for r in reports
+                if r
+            )
             progress.update(task, completed=applied)
             now, cpu = time.perf_counter(), sum(_cpu_s(p.pid) for p in procs)
             if "start" not in marks and applied >= events // 10:
@@ -132,11 +168,18 @@ def run_row(env: dict[str, str], namespace: str, instances: int, events: int, pr
         if "end" not in marks:
             raise RuntimeError(f"only {applied} of {events} events applied in 600 s")
         (t0, c0, a0), (t1, c1, a1) = marks["start"], marks["end"]  # type: ignore[misc]
+        # The backlog is handled: after 5 s for the last decisions to go out, what the instances cost
+        # over 5 s while nothing arrives.
+        time.sleep(5.0)
+        t2, c2 = time.perf_counter(), sum(_cpu_s(p.pid) for p in procs)
+        time.sleep(5.0)
+        idle_s, idle_cpu = time.perf_counter() - t2, sum(_cpu_s(p.pid) for p in procs) - c2
         return {
             "instances": instances,
             "applied": a1,
             "per_s": (a1 - a0) / (t1 - t0),
             "cpu_us": (c1 - c0) / (a1 - a0) * 1e6,
+            "idle_cpu_pct": idle_cpu / idle_s * 100 / instances,  # per instance, % of one core
         }
     finally:
         for p in procs:
@@ -152,22 +195,27 @@ def main(
     events: Annotated[int, typer.Option(help="Accesses in the backlog")] = 100_000,
     instances: Annotated[str, typer.Option(help="Comma-separated instance counts, one row each")] = "1,2",
     seed: Annotated[int, typer.Option()] = 0,
+    shape: Annotated[
+        str, typer.Option(help="zipf (accesses, the panel) or chains (KV blocks, the core)")
+    ] = "zipf",
 ) -> None:
+    if shape not in ("zipf", "chains"):
+        raise typer.BadParameter(f"shape must be zipf or chains, not {shape!r}")
     counts = [int(n) for n in instances.split(",") if n]
     console = Console()
     with broker_from_env() as broker, postgres_from_env() as pg:
         namespace = f"hscale{uuid.uuid4().hex[:6]}."
         asyncio.run(ensure_topics(broker.bootstrap, namespace))
-        asyncio.run(_write_backlog(broker.bootstrap, namespace, events, seed))
+        asyncio.run(_write_backlog(broker.bootstrap, namespace, events, seed, shape))
         env = {**os.environ, "KAFKA_BOOTSTRAP": broker.bootstrap, "DATABASE_URL": pg.dsn}
         rows = []
         with Progress(console=console) as progress:
             for n in counts:
                 rows.append(run_row(env, namespace, n, events, progress))
     table = Table(
-        title=f"heat services on one group, a backlog of {events:,} accesses ({os.cpu_count()} cores)"
+        title=f"heat services on one group, a backlog of {events:,} {shape} events ({os.cpu_count()} cores)"
     )
-    for col in ("instances", "events applied", "events/s", "x one", "CPU us per event"):
+    for col in ("instances", "events applied", "events/s", "x one", "CPU us per event", "idle CPU %"):
         table.add_column(col, justify="right")
     for row in rows:
         table.add_row(
@@ -176,6 +224,7 @@ def main(
             f"{row['per_s']:,.0f}",
             f"{row['per_s'] / rows[0]['per_s']:.2f}",
             f"{row['cpu_us']:.1f}",
+            f"{row['idle_cpu_pct']:.1f}",
         )
     console.print(table)
 
