@@ -78,14 +78,14 @@ def chain_events(events: int, seed: int, t0: int) -> list[KvBlockStored]:
 async def _write_backlog(bootstrap: str, namespace: str, events: int, seed: int, shape: str) -> None:
     publisher = EventPublisher(KafkaSettings(bootstrap=bootstrap, topic_namespace=namespace))
     await publisher.start()
+    t0 = 1_700_000_000_000
     try:
         if shape == "chains":
-            blocks = chain_events(events, seed, 1_700_000_000_000)
+            blocks = chain_events(events, seed, t0)
             for start in range(0, len(blocks), 4096):
                 await publisher.publish_many(blocks[start : start + 4096])
             return
         keys = np.random.default_rng(seed).zipf(1.2, size=events) % 50_000
-        t0 = 1_700_000_000_000
         for start in range(0, events, 4096):
             chunk = [
                 CacheAccessed(key=f"k{k}", hit=False, occurred_at_ms=t0 + start + i)
