@@ -16,7 +16,6 @@ import contextlib
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from infra.brokers import ApacheKafkaBroker, Broker, broker_from_env
+from infra.paths import free_port
 from infra.postgres import Postgres, postgres_from_env
 from infra.tcp_proxy import TcpProxy
 from services.invalidation.service import InvalidationService
@@ -233,12 +233,6 @@ class Recorder:
 
 
 # --- the mesh: three nodes (c in a subprocess) and the invalidation service -----------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _until(condition: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:

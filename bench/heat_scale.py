@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from rich.table import Table
 
 from bench.heat_cost import million_chains
 from infra.brokers import broker_from_env
+from infra.paths import free_port
 from infra.postgres import postgres_from_env
 from schemas.events import CacheAccessed, KvBlockStored, access_batch
 from services.runtime.publisher import EventPublisher
@@ -48,12 +48,6 @@ from services.runtime.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parent.parent
 PER_RECORD = 64
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def chain_events(events: int, seed: int, t0: int) -> list[KvBlockStored]:
@@ -121,7 +115,7 @@ def run_row(env: dict[str, str], namespace: str, instances: int, events: int, pr
     group = f"heat-scale-{uuid.uuid4().hex[:6]}"
     procs, ports = [], []
     for i in range(instances):
-        port = _free_port()
+        port = free_port()
         ports.append(port)
         procs.append(
             subprocess.Popen(
