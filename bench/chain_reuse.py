@@ -5,13 +5,16 @@ Heat's chain mode (compiled: `cachemesh_heatcore.ChainHeat`) with the term at ea
 against the term off (LRFU alone), in points of prefix hits, on trace shapes the term was not designed
 on: the dev Mooncake trace, its first and second halves (replayed cold), the whole trace with each
 request's last block dropped, and generated conversations (Zipf popularity; a conversation re-reads its
-chain and adds 1-4 blocks; its last, partial block is re-read with probability `tail`). The last
-columns are a guard's view: the same comparison (shipped weight vs off) on miniatures (SHARDS: 1 request
+chain and adds 1-4 blocks; its last, partial block is re-read with probability `tail`), and mixed
+traffic (`sim/generated.py`: hot one-block prompts, conversations, one-off documents; `--mixed-seeds`
+of them). The R= columns: the same comparison (shipped weight vs off) on miniatures (SHARDS: 1 request
 in R by its root block, at capacity / R); "agrees" says whether the miniature's sign is the full-size
-one (cells where the full-size effect is under 0.1 pt are not counted).
+one (cells where the full-size effect is under 0.1 pt are not counted). "guarded": what ships, the
+shipped weight with its online guard (`policies/learned/guard.py`), and "on": the share of the guard's
+windows the term was on (the term's weight on that trace is the shipped weight times it).
 
     .venv/bin/python -m bench.chain_reuse [--trace PATH] [--capacity 2500 ...] [--weights 1,0.5,0.25]
-        [--rates 8,32] [--out bench/results/chain_reuse.json]
+        [--rates 8,32] [--mixed-seeds 3] [--out bench/results/chain_reuse.json]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rich.table import Table
 from bench.policies import OUT
 from bench.prefix_bounds import TRACE
 from policies.learned.heat import HeatPolicy
+from sim.generated import mixed_prefix_trace
 from sim.traces import Trace, read_mooncake
 
 SHIPPED = HeatPolicy(1).chain_reuse.weight  # type: ignore[union-attr]
@@ -107,9 +111,22 @@ def sampled(trace: Trace, rate: int) -> Trace:
 
 
 def hit_rate(trace: Trace, capacity: int, weight: float | None) -> float:
-    """Prefix hits (%) of chain-mode heat with the term at `weight` (None: off)."""
-    core = ChainHeat(capacity, chain_reuse=weight is not None, chain_reuse_weight=weight or 0.0)
+    """Prefix hits (%) of chain-mode heat with the term at `weight` (None: off), unguarded."""
+    core = ChainHeat(
+        capacity, chain_reuse=weight is not None, chain_reuse_weight=weight or 0.0, chain_guard=False
+    )
     return 100 * float(core.replay_prefix(trace.keys, trace.starts, trace.times_ms).mean())
+
+
+def guarded(trace: Trace, capacity: int) -> tuple[float, float]:
+    """Prefix hits (%) of chain-mode heat as it ships (the term guarded), and the share of the guard's
+    windows the term was on (1.0 where the cache is too small for a guard, or no window closed)."""
+    core = ChainHeat(capacity, chain_reuse_weight=SHIPPED)
+    rate = 100 * float(core.replay_prefix(trace.keys, trace.starts, trace.times_ms).mean())
+    state = core.guard_state()
+    if state is None or state[1] == 0:
+        return rate, 1.0
+    return rate, 1.0 - state[2] / state[1]
 
 
 @dataclass
@@ -119,6 +136,8 @@ class Cell:
     off: float  # hit % with the term off
     gain: dict[str, float]  # weight -> points over off
     miniature_gain: dict[str, float]  # R -> the shipped weight's points over off, on miniatures
+    guarded: float  # what ships (shipped weight, guarded): points over off
+    term_on: float  # share of the guard's windows with the term on
 
 
 def measure(trace: Trace, name: str, capacity: int, weights: list[float], rates: list[int]) -> Cell:
@@ -128,7 +147,8 @@ def measure(trace: Trace, name: str, capacity: int, weights: list[float], rates:
         small, mini = sampled(trace, r), max(16, capacity // r)
         minis[str(r)] = hit_rate(small, mini, SHIPPED) - hit_rate(small, mini, None)
     gains = {f"{w:g}": hit_rate(trace, capacity, w) - off for w in weights}
-    return Cell(name, capacity, off, gains, minis)
+    shipped, on = guarded(trace, capacity)
+    return Cell(name, capacity, off, gains, minis, shipped - off, on)
 
 
 def summarise(cells: list[Cell], weights: list[float], rates: list[int]) -> dict[str, dict[str, float]]:
@@ -141,6 +161,10 @@ def summarise(cells: list[Cell], weights: list[float], rates: list[int]) -> dict
             "up": sum(x > 0 for x in g),
             "of": len(g),
         }
+    g = [c.guarded for c in cells]
+    best = [c.guarded - max(0.0, c.gain[f"{SHIPPED:g}"]) for c in cells]
+    out["guarded"] = {"mean": float(np.mean(g)), "worst": min(g), "up": sum(x > 0 for x in g), "of": len(g)}
+    out["guarded vs the better of on / off"] = {"mean": float(np.mean(best)), "worst": min(best)}
     shipped = f"{SHIPPED:g}"
     counted = [c for c in cells if abs(c.gain.get(shipped, 0.0)) >= 0.1]
     for r in rates:
@@ -178,6 +202,7 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, action="append")
     parser.add_argument("--weights", default=f"1,0.5,0.25,{SHIPPED}")
     parser.add_argument("--rates", default="8,32", help="miniatures' sampling factors")
+    parser.add_argument("--mixed-seeds", type=int, default=3, help="mixed traffic traces (sim/generated.py)")
     parser.add_argument("--out", type=Path, default=OUT / "chain_reuse.json")
     args = parser.parse_args()
     capacities = args.capacity or [2_500, 5_000, 10_000, 20_000]
@@ -195,13 +220,24 @@ def main() -> None:
         "generated 0.6 / 0.5": conversations(50_000, 0.6, 0.5, seed=3),
         "generated 1.1 / 0.3": conversations(100_000, 1.1, 0.3, seed=4),
     }
+    for seed in range(args.mixed_seeds):
+        share = (0.5, 0.3, 0.7)[seed % 3]
+        variants[f"mixed {share:g} (seed {seed})"] = mixed_prefix_trace(seed, 12_000, single_share=share)
     console = Console(width=170)
     todo = [(name, trace, c) for name, trace in variants.items() for c in capacities]
     cells = [
         measure(trace, name, c, weights, rates)
         for name, trace, c in track(todo, description="replaying", console=console, transient=True)
     ]
-    table = Table("shape", "capacity", "off (%)", *[f"w={w:g}" for w in weights], *[f"R={r}" for r in rates])
+    table = Table(
+        "shape",
+        "capacity",
+        "off (%)",
+        *[f"w={w:g}" for w in weights],
+        *[f"R={r}" for r in rates],
+        "guarded",
+        "on",
+    )
     table.title = "the chain term's gain over LRFU alone (pt); R=: the shipped weight's, on miniatures"
     for c in cells:
         gains = [f"{g:+.2f}" for g in c.gain.values()]
@@ -211,6 +247,8 @@ def main() -> None:
             f"{c.off:.2f}",
             *gains,
             *[f"{m:+.2f}" for m in c.miniature_gain.values()],
+            f"{c.guarded:+.2f}",
+            f"{c.term_on:.0%}",
         )
     console.print(table)
     summary = summarise(cells, weights, rates)

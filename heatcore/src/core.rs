@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::ghost::Ghosts;
+use crate::guard::{root_sampled, Guard};
 use crate::index::KeyIndex;
 use crate::leaves::Leaves;
 use crate::reuse::Reuse;
@@ -20,6 +21,8 @@ pub const COLD_CLUSTER: u8 = 4;
 pub const USED: u8 = 1;
 pub const EXTENDED: u8 = 2;
 pub const UNSCORED: u8 = 4;
+/// The block's chain is in the guard's sample (guard.rs)
+pub const SAMPLED: u8 = 8;
 
 /// Integer keys hash with one multiply (they are block hashes or dense ids already).
 #[derive(Default)]
@@ -64,6 +67,8 @@ pub struct Params {
     pub neighbour_tau: f32,
     pub cold_cluster: f64,
     pub prior_recency: f64,
+    /// Miniatures with and without the learned term decide whether it stays on (guard.rs)
+    pub chain_guard: bool,
 }
 
 pub struct Core {
@@ -73,7 +78,7 @@ pub struct Core {
     // the entry table, one column per field (slot-indexed); what only some entries have (a TTL, a
     // cluster) is kept beside it by slot
     pub key: Vec<i64>,
-    /// USED | EXTENDED (the block was ever a parent) | UNSCORED (its heat is to be computed)
+    /// USED | EXTENDED (the block was ever a parent) | UNSCORED (its heat is to be computed) | SAMPLED
     pub flags: Vec<u8>,
     pub last_tick: Vec<i64>,
     pub crf: Vec<f64>,
@@ -112,6 +117,7 @@ pub struct Core {
     pub sketch: Sketch,
     pub ghosts: Ghosts,
     pub reuse: Option<Reuse>,
+    pub guard: Option<Box<Guard>>,
     leaves: Leaves,
 }
 
@@ -122,6 +128,11 @@ impl Core {
         let lam = 1.0 / (p.chain_half_life * cap as f64);
         let reuse = if p.chain_reuse {
             Some(Reuse::new(3 * cap, p.chain_reuse_weight))
+        } else {
+            None
+        };
+        let guard = if p.chain_guard {
+            Guard::around(&p)
         } else {
             None
         };
@@ -161,6 +172,7 @@ impl Core {
             sketch: Sketch::new(cap as u64, p.seed),
             ghosts: Ghosts::new(4 * cap as usize),
             reuse,
+            guard,
             leaves: Leaves::new(slots),
             p,
         }
@@ -259,7 +271,7 @@ impl Core {
         let (tick, last) = (self.tick, self.last_tick[s]);
         self.crf[s] = 1.0 + self.crf[s] * pow2(-self.lam * (tick - last) as f64);
         self.last_tick[s] = tick;
-        self.hear_chain(key, parent);
+        self.hear_chain(key, parent, self.is(s, SAMPLED));
         if self.children[s] == 0 {
             self.push_leaf(s);
         }
@@ -297,7 +309,12 @@ impl Core {
                 }
             }
         }
-        self.hear_chain(key, parent);
+        let sampled = match &self.guard {
+            None => false,
+            Some(_) if pslot >= 0 => self.is(pslot as usize, SAMPLED),
+            Some(g) => root_sampled(key, g.cut),
+        };
+        self.hear_chain(key, parent, sampled);
         self.maybe_rescore(now_ms);
         let s = self.stage(key, &pos, size, pslot, meta);
         while self.used_total + size as i64 > self.p.capacity {
@@ -310,6 +327,7 @@ impl Core {
             self.evict(v as usize, out);
         }
         self.set(s, USED | UNSCORED, true);
+        self.set(s, SAMPLED, sampled);
         self.key[s] = key;
         self.index.insert(key, s as u32);
         self.used_total += self.size[s] as i64;
@@ -322,11 +340,17 @@ impl Core {
         }
     }
 
-    fn hear_chain(&mut self, key: i64, parent: Option<i64>) {
+    /// `sampled`: the block's chain is in the guard's sample.
+    fn hear_chain(&mut self, key: i64, parent: Option<i64>, sampled: bool) {
         if let Some(r) = self.reuse.as_mut() {
             r.heard(key, self.tick);
             if let Some(p) = parent {
                 r.extended(p);
+            }
+            if let (true, Some(g)) = (sampled, self.guard.as_mut()) {
+                if let Some(on) = g.heard(key, parent, self.now_ms) {
+                    r.set_weight(if on { self.p.chain_reuse_weight } else { 0.0 });
+                }
             }
         }
     }
@@ -465,7 +489,7 @@ impl Core {
             }
         }
         self.reset_slot(s);
-        self.set(s, EXTENDED, false);
+        self.set(s, EXTENDED | SAMPLED, false);
         self.raw[s] = 0.0;
         if !self.eff.is_empty() {
             self.eff.remove(&(s as u32));
@@ -530,5 +554,6 @@ impl Core {
             + self.ghosts.bytes()
             + self.sketch.bytes()
             + self.reuse.as_ref().map_or(0, |r| r.bytes())
+            + self.guard.as_ref().map_or(0, |g| g.bytes())
     }
 }

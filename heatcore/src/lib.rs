@@ -5,6 +5,7 @@
 mod core;
 mod fastmod;
 mod ghost;
+mod guard;
 mod heat;
 mod index;
 mod leaves;
@@ -15,7 +16,8 @@ use numpy::{PyArray1, PyReadonlyArray1};
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 
-use crate::core::{Core, Meta, Params, EXTENDED, UNSCORED, USED};
+use crate::core::{Core, Meta, Params, EXTENDED, SAMPLED, UNSCORED, USED};
+use crate::guard::root_sampled;
 
 #[pyclass(module = "cachemesh_heatcore", unsendable)]
 struct ChainHeat {
@@ -36,7 +38,7 @@ impl ChainHeat {
     #[new]
     #[pyo3(signature = (capacity, *, seed=0, chain_reuse=true, chain_reuse_weight=0.5, chain_half_life=3.0,
         rescore_ms=100, rescore_accesses=None, neighbour_tau=0.1, cold_cluster=0.05,
-        prior_recency=0.5))]
+        prior_recency=0.5, chain_guard=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         capacity: i64,
@@ -49,6 +51,7 @@ impl ChainHeat {
         neighbour_tau: f32,
         cold_cluster: f64,
         prior_recency: f64,
+        chain_guard: bool,
     ) -> PyResult<Self> {
         if capacity <= 0 {
             return Err(PyValueError::new_err(format!(
@@ -66,6 +69,7 @@ impl ChainHeat {
             neighbour_tau,
             cold_cluster,
             prior_recency,
+            chain_guard,
         };
         Ok(ChainHeat {
             core: Core::new(p),
@@ -320,6 +324,9 @@ impl ChainHeat {
         }
         c.set(slot, EXTENDED, extended);
         c.set(slot, UNSCORED, unscored);
+        // (entries from before the chains began are their own roots)
+        let sampled = c.guard.as_ref().is_some_and(|g| root_sampled(key, g.cut));
+        c.set(slot, SAMPLED, sampled);
         Ok(())
     }
 
@@ -375,6 +382,20 @@ impl ChainHeat {
             .sketch
             .load(table, door, additions, resets)
             .map_err(PyValueError::new_err)
+    }
+
+    /// The guard of the learned term (`guard.GuardState`'s fields), None without one.
+    fn guard_state(&self) -> Option<(bool, u64, u64, u64, u64, u64)> {
+        self.core.guard.as_ref().map(|g| {
+            (
+                g.term_on,
+                g.windows,
+                g.windows_off,
+                g.accesses,
+                g.hits_with,
+                g.hits_without,
+            )
+        })
     }
 
     /// The chain re-use model's counts: (yes, seen, labels).

@@ -43,6 +43,12 @@ impl Reuse {
         }
     }
 
+    /// The term's weight from now on (the guard stands it down to 0 and back).
+    pub fn set_weight(&mut self, weight: f64) {
+        self.weight = weight;
+        self.refresh();
+    }
+
     pub fn bonus(&self, extended: bool) -> f64 {
         self.bonus[extended as usize]
     }

@@ -127,6 +127,12 @@ class ChainReuse:
     def bonus(self, extended: bool) -> float:
         return self._bonus[extended]
 
+    def set_weight(self, weight: float) -> None:
+        """The term's weight from now on (`guard.ChainGuard` stands it down to 0 and back)."""
+        self.weight = weight
+        self._refresh(0)
+        self._refresh(1)
+
     def probability(self, extended: bool) -> float:
         return (self.yes[extended] + 1.0) / (self.seen[extended] + 2.0)
 

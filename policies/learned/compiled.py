@@ -16,6 +16,7 @@ from cachemesh_heatcore import REASONS, ChainHeat
 
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import reuse_counts
+from policies.learned.guard import GuardState
 from policies.learned.heat import HeatPolicy
 from policies.learned.signals import Decision, HeatScore
 
@@ -51,6 +52,18 @@ class CompiledReuse:
 
     def load(self, data: dict[str, list[float] | int]) -> None:
         self._core.load_reuse(*reuse_counts(data))
+
+
+class CompiledGuard:
+    """`guard.ChainGuard`'s `state()` over the core's guard."""
+
+    def __init__(self, core: ChainHeat) -> None:
+        self._core = core
+
+    def state(self) -> GuardState:
+        state = self._core.guard_state()
+        assert state is not None
+        return GuardState(*state)
 
 
 class CompiledHeat(Policy):
@@ -145,6 +158,12 @@ class CompiledHeat(Policy):
     @property
     def chain_reuse(self) -> Any:
         return self.reference.chain_reuse if self.core is None else self._reuse
+
+    @property
+    def chain_guard(self) -> Any:
+        if self.core is None:
+            return self.reference.chain_guard
+        return None if self.core.guard_state() is None else CompiledGuard(self.core)
 
     @property
     def rescores(self) -> int:
@@ -295,6 +314,7 @@ class CompiledHeat(Policy):
             neighbour_tau=ref.neighbour_tau,
             cold_cluster=ref.cold_cluster,
             prior_recency=ref.prior_recency,
+            chain_guard=ref.guarded,
         )
         t = ref.table
         for s in np.nonzero(t.used)[0].tolist():

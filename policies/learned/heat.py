@@ -7,7 +7,8 @@ entry, else a key the leader does not hold, the coldest by heat (a new leader is
 outweighs `migration_cost` (1.0) per key it lacks). Heat: an online MLP (`scorer.py`) re-scoring every
 `rescore_ms` (100 ms), a prior until `warmup_labels` labels, spread over clusters (`neighbour_tau`,
 `cold_cluster`). Prefix chains retire the panel: LRFU (`chains.py`, `chain_half_life` (3) capacities)
-times `chains.ChainReuse`. Step by step: docs/heat.md ("How the AI-native policy decides").
+times `chains.ChainReuse`, which `guard.ChainGuard` stands down where it does not pay. Step by step:
+docs/heat.md ("How the AI-native policy decides").
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from policies.learned.chains import ChainReuse, LeafQueue
 from policies.learned.features import N_FEATURES, EntryTable, keep_mask, view
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
+from policies.learned.guard import ChainGuard
 from policies.learned.panel import EXPERTS, MIN_MINIATURE, ExpertPanel, SketchedFactory
 from policies.learned.scorer import HeatScorer, ReuseLabeler
 from policies.learned.signals import MeshSignals
@@ -67,8 +69,11 @@ class HeatPolicy(MeshSignals, Policy):
         chain_reuse: bool = True,
         # The learned chain term at half weight: why, docs/heat.md ("How the AI-native policy decides").
         chain_reuse_weight: float = 0.5,
+        chain_guard: bool = True,  # `guard.ChainGuard`: the term stands down where it does not pay
     ) -> None:
         super().__init__(capacity)
+        self.seed, self.chain_half_life, self.guarded = seed, chain_half_life, chain_guard
+        self.chain_guard: ChainGuard | None = None
         self.rescore_ms = rescore_ms
         # ... but no more often than every `rescore_accesses` (capacity / 8) accesses: a batch
         # re-score costs the whole cache, so this bounds it at 8 entries' worth per access.
@@ -123,6 +128,7 @@ class HeatPolicy(MeshSignals, Policy):
             ChainReuse(3 * capacity, weight=chain_reuse_weight) if chain_reuse and scorer != "prior" else None
         )
         self.extended = np.zeros(slots, dtype=bool)  # the block was ever a prefix parent
+        self.sampled = np.zeros(slots, dtype=bool)  # the block's chain is in the guard's sample
         self._leaves = LeafQueue(
             self.table, self.crf, self._lambda, capacity, reuse=self.chain_reuse, extended=self.extended
         )
@@ -179,7 +185,7 @@ class HeatPolicy(MeshSignals, Policy):
         v.last_tick[s] = tick
         v.hits[s] += 1
         if self._prefix_mode:
-            self._hear_chain(key, meta)
+            self._hear_chain(key, meta, bool(self.sampled[s]))
             if v.children[s] == 0:
                 self._leaves.push(s)
         v.freq[s] = self.sketch.frequency(key)
@@ -207,8 +213,9 @@ class HeatPolicy(MeshSignals, Policy):
                 return [Eviction(key, "rejected")]  # an orphan block can never be hit
             if not self._prefix_mode:
                 self._enter_prefix_mode()
+        sampled = self.chain_guard is not None and self.chain_guard.admits(key, parent, self.sampled)
         if self._prefix_mode:
-            self._hear_chain(key, meta)
+            self._hear_chain(key, meta, sampled)
         bypassed = self.panel is not None and not self.panel.holds(key)
         if bypassed and self._used + size > self.capacity:
             return [Eviction(key, "rejected")]  # the leader bypassed it: so does the cache
@@ -222,6 +229,7 @@ class HeatPolicy(MeshSignals, Policy):
                 return [*evicted, Eviction(key, "rejected")]
             evicted.extend(self._evict(v))
         self._commit(s, key)
+        self.sampled[s] = sampled
         self._sample_newcomer(s, key)
         self._unscored[s] = None  # scored when its heat is first compared (or by the next batch)
         if bypassed:
@@ -230,12 +238,16 @@ class HeatPolicy(MeshSignals, Policy):
             self._leaves.push(s)
         return evicted
 
-    def _hear_chain(self, key: Hashable, meta: AccessMeta | None) -> None:
-        """The chain re-use model hears a block's access, and that its parent was extended."""
+    def _hear_chain(self, key: Hashable, meta: AccessMeta | None, sampled: bool) -> None:
+        """The chain re-use model hears a block's access, and that its parent was extended; the guard
+        hears it when the block's chain is in its sample."""
         if self.chain_reuse is not None:
             self.chain_reuse.heard(key, self._tick)
-            if meta is not None and meta.parent is not None:
-                self.chain_reuse.extended(meta.parent)
+            parent = None if meta is None else meta.parent
+            if parent is not None:
+                self.chain_reuse.extended(parent)
+            if sampled and self.chain_guard is not None:
+                self.chain_guard.heard(key, parent, self._now_ms)
 
     def on_remove(self, key: Hashable) -> None:
         s = self._slot.get(key)
@@ -395,19 +407,20 @@ class HeatPolicy(MeshSignals, Policy):
         """A compiled core took the entries over (compiled.py): free what held them."""
         self.table = EntryTable(1, 1)
         self.raw, self.eff = np.zeros(1, dtype=np.float32), np.zeros(1, dtype=np.float32)
-        self.crf, self.extended = np.zeros(1), np.zeros(1, dtype=bool)
+        self.crf, self.extended, self.sampled = np.zeros(1), np.zeros(1, dtype=bool), np.zeros(1, dtype=bool)
         self._raw_v, self._eff_v, self._crf_v = view(self.raw), view(self.eff), view(self.crf)
         self._slot, self._keys, self._free = {}, [None], [0]
         self._ghost = GhostTable(2)
         self._leaves = LeafQueue(self.table, self.crf, self._lambda, 1)
         self.sketch = FrequencySketch(1)
-        self.panel = None
+        self.panel = self.chain_guard = None
 
     def _enter_prefix_mode(self) -> None:
         """The first block that names a parent: chains are evicted leaf by leaf by combined
         recency-frequency, so the panel (whose experts know no chains) retires."""
         self._prefix_mode = True
         self.panel = None
+        self.chain_guard = ChainGuard.around(self) if self.guarded else None
         self._foreign.clear()
         t = self.table
         for s in np.nonzero(t.used & (t.children == 0))[0].tolist():
@@ -573,7 +586,7 @@ class HeatPolicy(MeshSignals, Policy):
             # Removed from outside (delete / invalidation): its children lose their parent link.
             t.parent[np.nonzero(t.used & (t.parent == s))[0]] = -1
         t.reset_slot(s)
-        self.extended[s] = False
+        self.extended[s] = self.sampled[s] = False
         self._raw_v[s] = self._eff_v[s] = 0.0
         self._crf_v[s] = 0.0
         self._free.append(s)

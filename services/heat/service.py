@@ -39,6 +39,10 @@ CHAIN_REUSE = Gauge(
     "Learned P(a prefix block is re-used within 3 capacities), by whether the block was ever extended",
     ["extended"],
 )
+CHAIN_TERM = Gauge(
+    "cachemesh_heat_chain_term_on",
+    "1 while the learned chain term is on; 0 while its guard (miniatures with and without it) stands it down",
+)
 
 
 class HeatService(Service):
@@ -171,6 +175,9 @@ class HeatService(Service):
             if chain is not None:
                 CHAIN_REUSE.labels("false").set(chain.probability(False))
                 CHAIN_REUSE.labels("true").set(chain.probability(True))
+            guard = self.engine.policy.chain_guard
+            if guard is not None:
+                CHAIN_TERM.set(guard.state().term_on)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _checkpoint_loop(self) -> None:
