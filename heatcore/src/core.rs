@@ -271,7 +271,7 @@ impl Core {
         let (tick, last) = (self.tick, self.last_tick[s]);
         self.crf[s] = 1.0 + self.crf[s] * pow2(-self.lam * (tick - last) as f64);
         self.last_tick[s] = tick;
-        self.hear_chain(key, parent, self.is(s, SAMPLED));
+        self.hear_chain(key, parent, self.is(s, SAMPLED), self.size[s]);
         if self.children[s] == 0 {
             self.push_leaf(s);
         }
@@ -314,7 +314,7 @@ impl Core {
             Some(_) if pslot >= 0 => self.is(pslot as usize, SAMPLED),
             Some(g) => root_sampled(key, g.cut),
         };
-        self.hear_chain(key, parent, sampled);
+        self.hear_chain(key, parent, sampled, size);
         self.maybe_rescore(now_ms);
         let s = self.stage(key, &pos, size, pslot, meta);
         while self.used_total + size as i64 > self.p.capacity {
@@ -340,15 +340,15 @@ impl Core {
         }
     }
 
-    /// `sampled`: the block's chain is in the guard's sample.
-    fn hear_chain(&mut self, key: i64, parent: Option<i64>, sampled: bool) {
+    /// `sampled`: the block's chain is in the guard's sample (which hears the block's `size` too).
+    fn hear_chain(&mut self, key: i64, parent: Option<i64>, sampled: bool, size: u32) {
         if let Some(r) = self.reuse.as_mut() {
             r.heard(key, self.tick);
             if let Some(p) = parent {
                 r.extended(p);
             }
             if let (true, Some(g)) = (sampled, self.guard.as_mut()) {
-                if let Some(on) = g.heard(key, parent, self.now_ms) {
+                if let Some(on) = g.heard(key, parent, self.now_ms, size) {
                     r.set_weight(if on { self.p.chain_reuse_weight } else { 0.0 });
                 }
             }

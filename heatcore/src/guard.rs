@@ -88,7 +88,7 @@ impl Guard {
     }
 
     /// A sampled block's access in the full-size core; Some(on) when the term is to be turned on or off.
-    pub fn heard(&mut self, key: i64, parent: Option<i64>, now_ms: i64) -> Option<bool> {
+    pub fn heard(&mut self, key: i64, parent: Option<i64>, now_ms: i64, size: u32) -> Option<bool> {
         let none = Meta::default();
         for first in [true, false] {
             let mini = if first {
@@ -106,7 +106,7 @@ impl Guard {
                     self.hits_without += 1;
                 }
             } else {
-                mini.on_miss(key, now_ms, 1, parent, &none, &mut self.scratch);
+                mini.on_miss(key, now_ms, size, parent, &none, &mut self.scratch);
                 self.scratch.clear();
             }
         }

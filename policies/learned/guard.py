@@ -121,7 +121,7 @@ class ChainGuard:
         """Whether a newcomer is in the sample (`parent`: its parent's slot, -1 for a root)."""
         return bool(sampled[parent]) if parent >= 0 else root_sampled(key, self.cut)
 
-    def heard(self, key: Hashable, parent: Hashable | None, now_ms: int) -> None:
+    def heard(self, key: Hashable, parent: Hashable | None, now_ms: int, size: int = 1) -> None:
         """A sampled block's access (hit or admitted miss) in the full-size cache."""
         a, b = self.with_term, self.without
         meta = AccessMeta(parent=parent)
@@ -134,7 +134,7 @@ class ChainGuard:
                 else:
                     self.hits_without += 1
             else:
-                mini.on_miss(key, now_ms, 1, meta)
+                mini.on_miss(key, now_ms, size, meta)
         self.accesses += 1
         self._in_window += 1
         if self._in_window == self.window:

@@ -185,7 +185,7 @@ class HeatPolicy(MeshSignals, Policy):
         v.last_tick[s] = tick
         v.hits[s] += 1
         if self._prefix_mode:
-            self._hear_chain(key, meta, bool(self.sampled[s]))
+            self._hear_chain(key, meta, bool(self.sampled[s]), int(v.size[s]))
             if v.children[s] == 0:
                 self._leaves.push(s)
         v.freq[s] = self.sketch.frequency(key)
@@ -215,7 +215,7 @@ class HeatPolicy(MeshSignals, Policy):
                 self._enter_prefix_mode()
         sampled = self.chain_guard is not None and self.chain_guard.admits(key, parent, self.sampled)
         if self._prefix_mode:
-            self._hear_chain(key, meta, sampled)
+            self._hear_chain(key, meta, sampled, size)
         bypassed = self.panel is not None and not self.panel.holds(key)
         if bypassed and self._used + size > self.capacity:
             return [Eviction(key, "rejected")]  # the leader bypassed it: so does the cache
@@ -238,16 +238,16 @@ class HeatPolicy(MeshSignals, Policy):
             self._leaves.push(s)
         return evicted
 
-    def _hear_chain(self, key: Hashable, meta: AccessMeta | None, sampled: bool) -> None:
+    def _hear_chain(self, key: Hashable, meta: AccessMeta | None, sampled: bool, size: int) -> None:
         """The chain re-use model hears a block's access, and that its parent was extended; the guard
-        hears it when the block's chain is in its sample."""
+        hears it (and the block's size) when the block's chain is in its sample."""
         if self.chain_reuse is not None:
             self.chain_reuse.heard(key, self._tick)
             parent = None if meta is None else meta.parent
             if parent is not None:
                 self.chain_reuse.extended(parent)
             if sampled and self.chain_guard is not None:
-                self.chain_guard.heard(key, parent, self._now_ms)
+                self.chain_guard.heard(key, parent, self._now_ms, size)
 
     def on_remove(self, key: Hashable) -> None:
         s = self._slot.get(key)
