@@ -18,7 +18,7 @@ import json
 import os
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -306,6 +306,14 @@ async def drive_qa(client: Any, plan: DemoPlan, report: DemoReport, on: Progress
     await asyncio.gather(*(worker() for _ in range(plan.workers)))
 
 
+def chat_miss_reason(headers: Mapping[str, str]) -> str:
+    """Why the gateway answered a repeated question from the model server, from its headers."""
+    if headers.get("x-cachemesh-lookup") == "hedged":
+        return "hedged"  # the lookup was slower than the gateway's hedge: the model server answered first
+    rule = headers.get("x-cachemesh-miss")
+    return rule.split(";")[0] if rule else headers.get("x-cachemesh-lookup", "no reason given")
+
+
 async def drive_chat(
     session: aiohttp.ClientSession, base_url: str, plan: DemoPlan, report: DemoReport
 ) -> None:
@@ -328,7 +336,11 @@ async def drive_chat(
                     if response.status != 200:
                         continue
                     report.chats += 1
-                    report.chat_hits += response.headers.get("x-cachemesh-cache") == "hit"
+                    hit = response.headers.get("x-cachemesh-cache") == "hit"
+                    report.chat_hits += hit
+                    if round_ == 1 and not hit:
+                        why = chat_miss_reason(response.headers)
+                        report.chat_misses[why] = report.chat_misses.get(why, 0) + 1
             except (aiohttp.ClientError, TimeoutError):
                 continue
 

@@ -21,6 +21,9 @@ class DemoReport:
     labels: int = 0  # explored misses the demo, knowing the answers, labelled (as the gateway does)
     chats: int = 0  # chat completions through the gateway
     chat_hits: int = 0  # of them answered from the cache (x-cachemesh-cache: hit)
+    # The second asking's misses by why: the lookup lost a race with the model server ("hedged"), the
+    # node's rule (x-cachemesh-miss), or "no reason given".
+    chat_misses: dict[str, int] = field(default_factory=dict)
     before: dict[str, Any] = field(default_factory=dict)
     after: dict[str, Any] = field(default_factory=dict)
     board_before: dict[str, int] = field(default_factory=dict)
@@ -47,6 +50,7 @@ class DemoReport:
             "labels": self.labels,
             "chats": self.chats,
             "chat_hits": self.chat_hits,
+            "chat_misses": dict(self.chat_misses),
             "lookups": self._delta("lookups"),
             "hits": self._delta("hits"),
             "warmups_applied": self._delta("commands"),

@@ -7,7 +7,7 @@
 use crate::core::{Core, Meta, Params};
 
 pub const RATE: i64 = 10;
-const MAX_MINIATURE: i64 = 4096;
+const MAX_MINIATURE: i64 = 2048;
 const MIN_MINIATURE: i64 = 64;
 const MIN_WINDOW: u64 = 256;
 const MIN_WINDOWS: f64 = 4.0;
@@ -24,6 +24,25 @@ fn mix64(mut x: u64) -> u64 {
 /// when its parent is.
 pub fn root_sampled(key: i64, cut: u64) -> bool {
     mix64(key as u64) < cut
+}
+
+/// One access to a miniature; whether it hit.
+fn access(
+    mini: &mut Core,
+    key: i64,
+    parent: Option<i64>,
+    now_ms: i64,
+    size: u32,
+    scratch: &mut Vec<(i64, u8)>,
+) -> bool {
+    let none = Meta::default();
+    if let Some(s) = mini.slot_of(key) {
+        mini.on_hit(s, key, now_ms, parent, &none);
+        return true;
+    }
+    mini.on_miss(key, now_ms, size, parent, &none, scratch);
+    scratch.clear();
+    false
 }
 
 pub struct Guard {
@@ -89,27 +108,18 @@ impl Guard {
 
     /// A sampled block's access in the full-size core; Some(on) when the term is to be turned on or off.
     pub fn heard(&mut self, key: i64, parent: Option<i64>, now_ms: i64, size: u32) -> Option<bool> {
-        let none = Meta::default();
-        for first in [true, false] {
-            let mini = if first {
-                &mut self.with
-            } else {
-                &mut self.without
-            };
-            if let Some(s) = mini.slot_of(key) {
-                mini.on_hit(s, key, now_ms, parent, &none);
-                if first {
-                    self.diff += 1;
-                    self.hits_with += 1;
-                } else {
-                    self.diff -= 1;
-                    self.hits_without += 1;
-                }
-            } else {
-                mini.on_miss(key, now_ms, size, parent, &none, &mut self.scratch);
-                self.scratch.clear();
-            }
-        }
+        let hit_with = access(&mut self.with, key, parent, now_ms, size, &mut self.scratch);
+        let hit_without = access(
+            &mut self.without,
+            key,
+            parent,
+            now_ms,
+            size,
+            &mut self.scratch,
+        );
+        self.hits_with += hit_with as u64;
+        self.hits_without += hit_without as u64;
+        self.diff += hit_with as i64 - hit_without as i64;
         self.accesses += 1;
         self.in_window += 1;
         if self.in_window == self.window {

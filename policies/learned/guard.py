@@ -26,7 +26,7 @@ import numpy as np
 from policies.base import AccessMeta
 
 RATE = 10  # one chain in 10, at 1/10 of the capacity ...
-MAX_MINIATURE = 4096  # ... up to this many blocks
+MAX_MINIATURE = 2048  # ... up to this many blocks
 MIN_MINIATURE = 64  # no guard below RATE * this capacity: a miniature that small says little
 MIN_WINDOW = 256
 MIN_WINDOWS = 4  # windows seen (after halving) before the guard decides
@@ -62,16 +62,6 @@ class GuardState:
     accesses: int  # sampled accesses
     hits_with: int  # the miniature with the term
     hits_without: int
-
-    def to_dict(self) -> dict[str, int | bool]:
-        return {
-            "term_on": self.term_on,
-            "windows": self.windows,
-            "windows_off": self.windows_off,
-            "accesses": self.accesses,
-            "hits_with": self.hits_with,
-            "hits_without": self.hits_without,
-        }
 
 
 class ChainGuard:
@@ -123,22 +113,24 @@ class ChainGuard:
 
     def heard(self, key: Hashable, parent: Hashable | None, now_ms: int, size: int = 1) -> None:
         """A sampled block's access (hit or admitted miss) in the full-size cache."""
-        a, b = self.with_term, self.without
         meta = AccessMeta(parent=parent)
-        for mini in (a, b):
-            if key in mini:
-                mini.on_hit(key, now_ms, meta)
-                self._diff += 1 if mini is a else -1
-                if mini is a:
-                    self.hits_with += 1
-                else:
-                    self.hits_without += 1
-            else:
-                mini.on_miss(key, now_ms, size, meta)
+        hit_with = self._access(self.with_term, key, now_ms, size, meta)
+        hit_without = self._access(self.without, key, now_ms, size, meta)
+        self.hits_with += hit_with
+        self.hits_without += hit_without
+        self._diff += hit_with - hit_without
         self.accesses += 1
         self._in_window += 1
         if self._in_window == self.window:
             self._close_window()
+
+    @staticmethod
+    def _access(mini: Miniature, key: Hashable, now_ms: int, size: int, meta: AccessMeta) -> int:
+        if key in mini:
+            mini.on_hit(key, now_ms, meta)
+            return 1
+        mini.on_miss(key, now_ms, size, meta)
+        return 0
 
     def _close_window(self) -> None:
         d = self._diff / self.window

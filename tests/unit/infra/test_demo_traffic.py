@@ -47,3 +47,12 @@ def test_every_figure_of_the_summary_says_what_it_means() -> None:
     whats = [what for what, _ in report.rows() if not what.startswith("  ")]  # per-tier lines indent
     assert len(whats) == 18
     assert [w for w in whats if w not in MEANING] == []
+
+
+def test_a_repeated_chat_s_miss_is_put_down_to_what_the_gateway_said() -> None:
+    from infra.demo import chat_miss_reason
+
+    assert chat_miss_reason({"x-cachemesh-lookup": "hedged"}) == "hedged"
+    assert chat_miss_reason({"x-cachemesh-lookup": "timeout"}) == "timeout"
+    assert chat_miss_reason({"x-cachemesh-miss": "below_threshold; similarity 0.8100"}) == "below_threshold"
+    assert chat_miss_reason({}) == "no reason given"
