@@ -20,6 +20,17 @@ class L3Rejected(ValueError):
     """L3 refused the data itself (a constraint, a malformed value): retrying will not help."""
 
 
+class StampTaken(RuntimeError):
+    """L3 holds another write of the key under the very stamp of this one (two nodes' writes in the same
+    millisecond): nothing was written. Stamps order a key's writes on every node, so two writes must
+    never share one; the writer stamps again past `stamp_ms` and retries."""
+
+    def __init__(self, key: str, stamp_ms: int) -> None:
+        super().__init__(f"L3 holds another write of {key!r} stamped {stamp_ms}")
+        self.key = key
+        self.stamp_ms = stamp_ms
+
+
 @dataclass(frozen=True, slots=True)
 class SemanticMatch:
     entry: Entry
@@ -29,8 +40,9 @@ class SemanticMatch:
 class ValueStore(ABC):
     @abstractmethod
     async def put(self, entry: Entry, *, announce: CacheInvalidated | None = None) -> None:
-        """Persist descriptor, tags and value together (replacing what `entry.key` had), and
-        `announce`, the invalidation the write owes every node, in the outbox: one transaction."""
+        """Persist descriptor, tags and value together (replacing what `entry.key` had unless that is
+        newer), and `announce`, the invalidation the write owes every node, in the outbox: one
+        transaction. Raises `StampTaken` (and writes nothing) when the key is held at the same stamp."""
 
     @abstractmethod
     async def get(self, key: str, now_ms: int) -> Entry | None:

@@ -13,7 +13,7 @@ import pytest
 from schemas.events import CacheInvalidated
 from schemas.wire import decode
 from services.tiers.entry import Entry, EntryMeta, encode_text
-from services.tiers.ports import L3Rejected, L3Store
+from services.tiers.ports import L3Rejected, L3Store, StampTaken
 
 DIM = 384
 NOW = 1_700_000_000_000
@@ -153,6 +153,19 @@ class L3StoreContract:
         assert got is not None and got.blob == encode_text("new", model="m")
         assert got.meta.updated_at_ms == later and got.meta.semantic_tags == {"v": "new"}
 
+    async def test_a_second_write_under_the_same_stamp_is_refused_and_leaves_nothing(
+        self, store: L3Store
+    ) -> None:
+        # Two nodes' writes in one millisecond: no node could tell which is newer, so the second writer
+        # is told to stamp again; its value and its invalidation are not written.
+        await store.put(entry("q:1", "first"), announce=invalidation("q:1", "write"))
+        with pytest.raises(StampTaken) as taken:
+            await store.put(entry("q:1", "second"), announce=invalidation("q:1", "write"))
+        assert taken.value.stamp_ms == NOW
+        got = await store.get("q:1", NOW)
+        assert got is not None and got.blob == encode_text("first", model="m")
+        assert await store.relay_outbox(Sent(), older_than_ms=0) == 1
+
     async def test_delete_removes_the_entry_once(self, store: L3Store) -> None:
         await store.put(entry("q:1", semantic_tags={"a": "1"}))
         await store.put(entry("q:2"))
@@ -223,7 +236,7 @@ class L3StoreContract:
         good = entry("q:1", "kept", semantic_tags={"lang": "en"})
         await store.put(good)
         key = str(bad.get("key", "q:1"))
-        written = entry("q:1", "replacement")
+        written = entry("q:1", "replacement", updated_at_ms=NOW + 1)
         meta = replace(written.meta, **{**bad, "key": key})  # type: ignore[arg-type]
         with pytest.raises(L3Rejected):
             await store.put(Entry(meta, written.blob))

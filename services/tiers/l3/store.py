@@ -23,7 +23,7 @@ from schemas.events import CacheInvalidated
 from schemas.wire import encode
 from services.runtime.postgres import Database
 from services.tiers.entry import Entry, EntryMeta
-from services.tiers.ports import L3Rejected, L3Store, SemanticMatch, Send
+from services.tiers.ports import L3Rejected, L3Store, SemanticMatch, Send, StampTaken
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,9 @@ ON CONFLICT (key) DO UPDATE SET
     context_dependency_ids = EXCLUDED.context_dependency_ids, trace_id = EXCLUDED.trace_id,
     size_bytes = EXCLUDED.size_bytes, tier = EXCLUDED.tier, updated_at_ms = EXCLUDED.updated_at_ms,
     embedding = EXCLUDED.embedding, prompt_text = EXCLUDED.prompt_text
-WHERE cache_descriptors.updated_at_ms <= EXCLUDED.updated_at_ms
+WHERE cache_descriptors.updated_at_ms < EXCLUDED.updated_at_ms
 """
+_STAMP_OF = "SELECT updated_at_ms FROM cache_descriptors WHERE key = $1"
 _REPLACE_TAGS = (
     "INSERT INTO semantic_tags (key, tag, value) SELECT $1, u.tag, u.value "
     "FROM unnest($2::text[], $3::text[]) AS u(tag, value)"
@@ -151,8 +152,12 @@ class PostgresL3Store(L3Store):
                 m.prompt_text,
             )
             if status == "INSERT 0 0":
-                # A newer write of the key is there already (two nodes' writes, or a write-behind
-                # flushed late): the store keeps the newest, whichever transaction commits last.
+                # A write of the key at least as new is there (two nodes' writes, or a write-behind
+                # flushed late), its row locked by the conflict: the store keeps the newest, whichever
+                # transaction commits last; the same stamp is a tie no node could break, refused.
+                held = await conn.fetchval(_STAMP_OF, m.key)
+                if held == m.updated_at_ms:
+                    raise StampTaken(m.key, held)
                 return
             await conn.execute("DELETE FROM semantic_tags WHERE key = $1", m.key)
             if names:

@@ -15,6 +15,7 @@ class Counters:
     degraded_lookups: int = 0
     puts: int = 0
     deletes: int = 0
+    stamps_retaken: int = 0  # writes stamped again: another write of the key had taken the stamp in L3
     invalidations_received: int = 0
     invalidations_repeated: int = 0  # one already applied, sent again (the outbox relay): ignored
     invalidated_entries: int = 0

@@ -28,7 +28,7 @@ from services.tiers.node.matcher import Matcher
 from services.tiers.node.outbox import AccessRecord, Outbox
 from services.tiers.node.plan import Step
 from services.tiers.node.refine import Refiner
-from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, StampTaken
 
 log = logging.getLogger(__name__)
 
@@ -342,8 +342,8 @@ class Placement:
         try:
             async with asyncio.timeout(self.l3_timeout_s):
                 result = await fn(*args, **kwargs)
-        except L3Rejected:
-            # The data was refused, L3 itself answered: not a failure of L3, and not worth a retry.
+        except (L3Rejected, StampTaken):
+            # L3 itself answered (the data refused, or the stamp taken): not a failure of L3.
             record((self.perf_ns() - started) / 1e6, ok=True)
             raise
         except Exception as exc:  # includes TimeoutError: L3 is slow or down; serve without it

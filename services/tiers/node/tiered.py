@@ -267,6 +267,7 @@ class TieredCache:
             # and the stamps too far ahead to believe.
             "clock_ahead_ms": max(0, self.clock.now() - self.wall_ms()),
             "clock_refused": self.clock.refused,
+            "stamps_retaken": c.stamps_retaken,
             "forgotten": c.forgotten,
             "hearing": self.hearing,
             "unheard_lookups": c.unheard_lookups,

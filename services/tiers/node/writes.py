@@ -10,9 +10,13 @@ from dataclasses import dataclass, replace
 from schemas.events import CacheInvalidated, Tier, new_event_id
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.node.placement import Placement
-from services.tiers.ports import L3Rejected
+from services.tiers.ports import L3Rejected, StampTaken
 
 log = logging.getLogger(__name__)
+
+# How often a write is stamped again when another write of its key took the stamp first (a tie needs
+# two writes of one key in one millisecond; three in a row, a key written faster than L3 commits).
+_STAMP_TRIES = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,25 +63,23 @@ class Writes:
         node = self.node
         if meta.embedding is not None and node.dim is not None and meta.embedding.shape != (node.dim,):
             raise ValueError(f"embedding has shape {meta.embedding.shape}; this cache uses ({node.dim},)")
-        now = node.clock.now()
-        meta = replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob))
-        entry = Entry(meta, blob)
         threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
-        event = CacheInvalidated(
-            key=meta.key,
-            reason="write",
-            model=meta.model,
-            embedding=None if meta.embedding is None else meta.embedding.astype(float).tolist(),
-            similarity_threshold=threshold if meta.embedding is not None else None,
-            trace_id=meta.trace_id,
-            origin_node_id=node.node_id,
-            attempt=1,
-            occurred_at_ms=now,
-            prompt_text=meta.prompt_text if meta.embedding is not None else None,
-        )
-        # L3 records the invalidation with the write (its outbox): every node hears of an acknowledged
-        # write even if this node dies or loses the broker before it publishes.
-        persisted = await self._persist(entry, event)  # raises when refused: nothing changed here
+        for _ in range(_STAMP_TRIES):
+            now = node.clock.now()
+            entry = Entry(replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob)), blob)
+            event = self._announcement(entry.meta, threshold, now)
+            try:
+                # L3 records the invalidation with the write (its outbox): every node hears of an
+                # acknowledged write even if this node dies or loses the broker before it publishes.
+                persisted = await self._persist(entry, event)  # raises when refused: nothing changed
+                break
+            except StampTaken as taken:
+                # Another write of the key got this very stamp: stamp again, one past it.
+                node.clock.observe(taken.stamp_ms)
+                node.counters.stamps_retaken += 1
+        else:
+            raise L3Unavailable(f"{_STAMP_TRIES} writes of {meta.key!r} took each stamp first (retry later)")
+        meta = entry.meta
         # From now on no older copy is served or placed (one placed while L3 wrote is dropped below).
         node.fence(meta.key, now)
         dropped: set[str] = set()
@@ -97,6 +99,21 @@ class Writes:
         self._publish_invalidation(event)
         return PutResult(meta.key, len(blob), tiers, persisted, tuple(sorted(dropped)), now)
 
+    def _announcement(self, meta: EntryMeta, threshold: float, now: int) -> CacheInvalidated:
+        """The invalidation a write of `meta` stamped `now` owes every node."""
+        return CacheInvalidated(
+            key=meta.key,
+            reason="write",
+            model=meta.model,
+            embedding=None if meta.embedding is None else meta.embedding.astype(float).tolist(),
+            similarity_threshold=threshold if meta.embedding is not None else None,
+            trace_id=meta.trace_id,
+            origin_node_id=self.node.node_id,
+            attempt=1,
+            occurred_at_ms=now,
+            prompt_text=meta.prompt_text if meta.embedding is not None else None,
+        )
+
     async def put_blocks(self, items: list[tuple[EntryMeta, bytes]]) -> list[BlockPut]:
         """KV blocks under content keys (cachemesh_client/kvkeys.py): a key and a model (the connector's
         tag names the weights) name the bytes, so a block this node holds already for that model is left
@@ -115,7 +132,7 @@ class Writes:
             entry = Entry(replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob)), blob)
             try:
                 persisted = await self._persist(entry, optional=True)
-            except (L3Unavailable, L3Rejected):
+            except (L3Unavailable, L3Rejected, StampTaken):  # a tie: another node's copy of the block
                 persisted = False
             node.drop_local(meta.key, "replaced")  # a block of other weights under this key, if any
             tiers = node.admit(entry)
@@ -205,6 +222,11 @@ class Writes:
                     ran, _ = await node.l3_call(node.l3.put, entry)
             except L3Rejected as exc:
                 log.error("L3 refused a queued write; dropped", extra={"key": key, "error": str(exc)})
+                ran = True
+            except StampTaken:
+                # Another write of the key has this one's stamp and is in L3: that one stands, and this
+                # node's copy goes, so that every node reads the same (its invalidation went out).
+                node.drop_local(key, "replaced")
                 ran = True
             if not ran:
                 break

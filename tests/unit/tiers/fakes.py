@@ -21,7 +21,7 @@ from services.tiers.l2.block_pool import BlockPool
 from services.tiers.l2.net.frames import QpInfo, ServerHello, decode_client_hello, encode_server_hello
 from services.tiers.l2.net.rdma import RdmaEndpoint
 from services.tiers.l2.net.rdma_plan import RdmaOp
-from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, SemanticMatch, Send
+from services.tiers.ports import L3Rejected, L3Store, RemoteHit, RemoteL2, SemanticMatch, Send, StampTaken
 
 
 class Clock:
@@ -146,9 +146,11 @@ class MemoryL3(L3Store):
         why = _refusal(entry.meta, self.dim, self.semantic)
         if why is not None:
             raise L3Rejected(f"L3 refused {entry.key!r}: {why}")
-        self._record(announce)
         m = entry.meta
         before = self.rows.get(entry.key)
+        if before is not None and before.meta.updated_at_ms == m.updated_at_ms:
+            raise StampTaken(entry.key, m.updated_at_ms)  # nothing written, the outbox included
+        self._record(announce)
         if before is not None and before.meta.updated_at_ms > m.updated_at_ms:
             return  # the newest write stays, as in Postgres
         stored = replace(

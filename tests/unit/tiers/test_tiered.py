@@ -302,6 +302,35 @@ async def test_a_write_after_another_nodes_write_wins_though_this_clock_is_5_s_b
     assert a.cache.stats()["clock_ahead_ms"] > 0
 
 
+async def test_two_nodes_writing_a_key_in_the_same_millisecond_end_with_one_value_everywhere() -> None:
+    # Neither has heard of the other's write: both stamp it with the same wall millisecond. With one stamp
+    # for two values no node could tell which is newer; each kept its own (CI saw one node serve the
+    # other write for good). L3 refuses the second stamp, and that writer stamps again, one past it.
+    shared = MemoryL3(clock=Clock())
+    a, b = make(node="a", l3=shared), make(node="b", l3=shared)
+    b.clock.ms = a.clock()
+    await b.cache.put(meta("k"), encode_text("b's write", model="m"))
+    result = await a.cache.put(meta("k"), encode_text("a's write", model="m"))
+    from_a = [e for e in a.cache.outbox.take_due() if e.attempt == 1]
+    from_b = [e for e in b.cache.outbox.take_due() if e.attempt == 1]
+    assert result.updated_at_ms == from_b[0].occurred_at_ms + 1 == from_a[0].occurred_at_ms
+    assert len(shared.outbox) == 2, "one invalidation per acknowledged write, none for the refused stamp"
+    assert (a.cache.stats()["stamps_retaken"], b.cache.stats()["stamps_retaken"]) == (1, 0)
+    a.cache.on_invalidated(from_b[0])
+    b.cache.on_invalidated(from_a[0])
+    values = {text_of((await n.cache.get("k")).entry) for n in (a, b)}
+    assert values == {text_of(shared.rows["k"])} == {"a's write"}
+
+
+async def test_a_node_writing_one_key_twice_in_a_millisecond_stamps_the_second_write_later() -> None:
+    rig = make(node="a")
+    first = await rig.cache.put(meta("k"), encode_text("first", model="m"))
+    second = await rig.cache.put(meta("k"), encode_text("second", model="m"))
+    assert second.updated_at_ms == first.updated_at_ms + 1
+    held = rig.l3.rows["k"]
+    assert text_of(held) == "second" and held.meta.updated_at_ms == second.updated_at_ms
+
+
 async def test_invalidation_without_embedding_or_with_a_bad_one_drops_the_key_only() -> None:
     rig = make(node="b")
     base = unit(RNG, DIM)
