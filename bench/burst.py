@@ -1,4 +1,4 @@
-"""The seed §2.2 burst experiment as a replay scenario, one row per policy, over one or more seeds.
+"""The docs/design.md §2.2 burst experiment as a replay scenario, one row per policy, over one or more seeds.
 
 Zipf(0.9) over 10,000 keys, capacity 500, 200,000 requests; at request 100,000 the 100 hottest
 ranks move to never-seen keys (see sim/burst.py for the metrics). Checks the issue's targets for

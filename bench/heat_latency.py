@@ -36,7 +36,7 @@ from services.runtime.settings import KafkaSettings, PostgresSettings
 from services.runtime.topics import ensure_topics
 
 RESULTS = Path(__file__).parent / "results"
-# What the heat service used to promise in an integration test (seed §1.2 re-scores every 100 ms).
+# What the heat service used to promise in an integration test (docs/design.md §1.2 re-scores every 100 ms).
 BUDGET_P99_MS = 250.0
 
 

@@ -1,5 +1,5 @@
-"""The seed's comparison table (seed §1.3: Redis FlatHash / FAISS-IVF LRU / AI-native semantic cache),
-reproduced side by side on one workload, plus the tier targets.
+"""The seed's comparison table (docs/design.md §1.3: Redis FlatHash / FAISS-IVF LRU / AI-native semantic
+cache), reproduced side by side on one workload, plus the tier targets.
 
 Workload (one stream, the same for every row; cache-aside: a miss is answered and inserted):
 - a Zipf key stream (s = 1.1) over the canonical prompts: GPTCache's 1,000 `origin` prompts
@@ -70,7 +70,7 @@ GPTCACHE_PAIRS = shared_data_dir() / "semantic" / "gptcache_mock_pairs.json"
 DIM = 384
 MODEL = "bench"
 TARGETS = {"l1_exact_p50_us": 5.0, "http_p99_ms": 5.0, "batched_per_s": 41_700}
-SEED_TABLE = (  # seed §1.3, a 16-node cluster: avg latency ms, hit rate %, vector QPS
+SEED_TABLE = (  # docs/design.md §1.3, a 16-node cluster: avg latency ms, hit rate %, vector QPS
     ("Redis FlatHash", 42.7, 68.3, 18_400),
     ("FAISS-IVF LRU", 29.1, 75.6, 22_900),
     ("AI-Native Semantic Cache", 11.3, 93.2, 41_700),

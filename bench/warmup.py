@@ -3,11 +3,11 @@ with no cache, an LRU prefix cache without warmup, the approaches tried (heat, t
 with its LRU guard and the end signal, early warmup, layer-wise load/prefill overlap) and cachemesh as
 shipped, against bounds: Belady on the GPU tier, an oracle that knows every arrival, and the floor no
 cache passes (each request prefills its never-seen tokens); then the A/B table warmup off/on x
-lru/heat with cold-start latency, hit rate, L2 fragmentation and health (seed §4.2). Writes
+lru/heat with cold-start latency, hit rate, L2 fragmentation and health (docs/design.md §4.2). Writes
 bench/results/warmup.{csv,png}.
 
 Workloads:
-- long-context (seed §4.3): conversations whose context grows by `tokens_per_turn` each turn to 32K
+- long-context (docs/design.md §4.3): conversations whose context grows by `tokens_per_turn` each turn to 32K
   tokens at turn 8, prefix-chained 512-token blocks, Poisson conversation starts, turn gaps of decode
   time plus exponential think time; every parameter is printed with the results.
 - mooncake: /work/shared/data/traces/mooncake_synthetic.jsonl (timestamp ms, input_length,
@@ -432,7 +432,7 @@ def report(console: Console, rows: list[Row]) -> None:
                 f"{verdict} against the seed's own baseline (no KV reuse): cachemesh {100 * change:+.0f}% vs "
                 f"no cache ({cold.ftl_mean_ms:,.0f} -> {cm.ftl_mean_ms:,.0f} ms)"
             )
-        ab = Table(title=f"{workload}: A/B warmup off/on x lru/heat (seed §4.2)")
+        ab = Table(title=f"{workload}: A/B warmup off/on x lru/heat (docs/design.md §4.2)")
         for h in ["variant", "cold start ms", "GPU hit", "L2 fragmentation", "health",
                   "budget dropped", "planner holds", "Δt ms (WarmupMeasured)"]:  # fmt: skip
             ab.add_column(h, justify="left" if h in ("variant", "planner holds") else "right")

@@ -1,4 +1,4 @@
-"""LLM-aware value serialization (seed §1.1, DESIGN.md §1 L3), shared by the tier node and the clients
+"""LLM-aware value serialization (docs/design.md §1.1, L3), shared by the tier node and the clients
 that write tensors (the vLLM connector): a fixed little-endian tensor header, then the raw payload at a
 64-byte aligned offset so `decode` hands back a numpy view without copying.
 

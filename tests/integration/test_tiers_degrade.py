@@ -1,8 +1,8 @@
-"""Degrade to local-only (seed §4.4) on real Kafka and Postgres: two tier nodes, B reading A's L2 as a
-peer, B with a small degrade window. Misses drive B's hit rate under 85%: B reports local_only, the
-`TierModeChanged` event arrives on `tier.status.v1`, B stops asking A (A's block server sees no more
-FINDs, B counts the skipped lookups, a value only A holds is not served) while L3 still answers. Hits
-bring it back to normal after the hold, with an event, and A is asked again."""
+"""Degrade to local-only (docs/design.md §4.4) on real Kafka and Postgres: two tier nodes, B reading A's L2
+as a peer, B with a small degrade window. Misses drive B's hit rate under 85%: B reports local_only, the
+`TierModeChanged` event arrives on `tier.status.v1`, B stops asking A (A's block server sees no more FINDs,
+B counts the skipped lookups, a value only A holds is not served) while L3 still answers. Hits bring it back
+to normal after the hold, with an event, and A is asked again."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The L3 circuit breaker (seed §4.4): opens when the window's P99 passes the bound, refuses calls while
-open, lets one probe through after the cooldown and closes only on a fast, successful probe."""
+"""The L3 circuit breaker (docs/design.md §4.4): opens when the window's P99 passes the bound, refuses
+calls while open, lets one probe through after the cooldown and closes only on a fast, successful probe."""
 
 from __future__ import annotations
 

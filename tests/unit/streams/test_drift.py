@@ -1,5 +1,5 @@
 """Drift features, DBSCAN with eps from the window's spread, and pulse / migrating / stable labels
-(seed §2.4), on planted patterns."""
+(docs/design.md §2.4), on planted patterns."""
 
 from __future__ import annotations
 

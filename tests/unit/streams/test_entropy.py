@@ -1,4 +1,4 @@
-"""Shannon entropy of key counts, in bits (seed §3.3)."""
+"""Shannon entropy of key counts, in bits (docs/design.md §3.3)."""
 
 from __future__ import annotations
 

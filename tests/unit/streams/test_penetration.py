@@ -1,4 +1,4 @@
-"""Three-layer penetration (seed §2.3): keys, buckets, LRU-2, and per-layer rates."""
+"""Three-layer penetration (docs/design.md §2.3): keys, buckets, LRU-2, and per-layer rates."""
 
 from __future__ import annotations
 

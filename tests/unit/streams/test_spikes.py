@@ -1,4 +1,4 @@
-"""Latency spikes (RTT > 320 ms) and the warmup mismatch Delta_t = t_peak - t_warm (seed §2.5)."""
+"""Latency spikes (RTT > 320 ms) and the warmup mismatch Delta_t = t_peak - t_warm (docs/design.md §2.5)."""
 
 from __future__ import annotations
 

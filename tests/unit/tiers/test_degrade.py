@@ -1,7 +1,7 @@
-"""The degrade-to-local-only state machine (seed §4.4): enters below 85% over the window, never flaps
-around the boundary (the exit threshold, the hold, the dwell), waits for enough lookups and a whole
-window, recovers after the hold, and accounts the time spent local-only; and its wiring in the tiered
-cache (the peers' L2 skipped while local-only)."""
+"""The degrade-to-local-only state machine (docs/design.md §4.4): enters below 85% over the window, never
+flaps around the boundary (the exit threshold, the hold, the dwell), waits for enough lookups and a whole
+window, recovers after the hold, and accounts the time spent local-only; and its wiring in the tiered cache
+(the peers' L2 skipped while local-only)."""
 
 from __future__ import annotations
 

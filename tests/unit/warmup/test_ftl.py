@@ -1,4 +1,4 @@
-"""The FTL fit (seed §2.1) and the KV miss-rate estimate with grouped-query attention."""
+"""The FTL fit (docs/design.md §2.1) and the KV miss-rate estimate with grouped-query attention."""
 
 from __future__ import annotations
 

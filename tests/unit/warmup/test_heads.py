@@ -1,4 +1,5 @@
-"""Head-heat sharding (seed §3.1): variance over 64 steps, softmax T=0.1, classes with hysteresis."""
+"""Head-heat sharding (docs/design.md §3.1): variance over 64 steps, softmax T=0.1, classes with
+hysteresis."""
 
 from __future__ import annotations
 

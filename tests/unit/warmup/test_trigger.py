@@ -1,4 +1,4 @@
-"""The warmup band (seed §3.3), the start time (seed §2.5) and Δt pairing, on table cases."""
+"""The warmup band (docs/design.md §3.3), the start time (§2.5) and Δt pairing, on table cases."""
 
 from __future__ import annotations
 
