@@ -9,6 +9,9 @@ const EMPTY: i64 = -1;
 /// Python's `hash()` of an int (the ghost table's tag there).
 pub fn py_hash(n: i64) -> i64 {
     const P: u128 = (1u128 << 61) - 1;
+    if (0..P as i64).contains(&n) {
+        return n; // below the modulus: itself, as in Python
+    }
     if n >= 0 {
         ((n as u128) % P) as i64
     } else {
@@ -21,11 +24,19 @@ pub fn py_hash(n: i64) -> i64 {
     }
 }
 
+/// One slot: a key's tag, the tick it was last seen (EMPTY: free) and its CRF, side by side so that a
+/// probe reads one place in memory instead of three arrays (20 bytes: packed).
+#[derive(Clone, Copy)]
+#[repr(C, packed)]
+pub struct Cell {
+    tag: i64,
+    last: i64,
+    crf: f32,
+}
+
 pub struct Ghosts {
     n: FastMod,
-    pub tag: Vec<i64>,
-    pub last: Vec<i64>,
-    pub crf: Vec<f32>,
+    cells: Vec<Cell>,
 }
 
 impl Ghosts {
@@ -33,48 +44,71 @@ impl Ghosts {
         let n = slots.max(2);
         Ghosts {
             n: FastMod::new(n as u64),
-            tag: vec![0; n],
-            last: vec![EMPTY; n],
-            crf: vec![0.0; n],
+            cells: vec![
+                Cell {
+                    tag: 0,
+                    last: EMPTY,
+                    crf: 0.0,
+                };
+                n
+            ],
         }
     }
 
-    fn cells(&self, key: i64) -> (i64, usize, usize) {
+    /// The table as the Python reference holds it (`policies/learned/ghosts.py`'s three arrays).
+    pub fn load(&mut self, tag: &[i64], last: &[i64], crf: &[f32]) -> bool {
+        let n = self.cells.len();
+        if tag.len() != n || last.len() != n || crf.len() != n {
+            return false;
+        }
+        for (i, cell) in self.cells.iter_mut().enumerate() {
+            *cell = Cell {
+                tag: tag[i],
+                last: last[i],
+                crf: crf[i],
+            };
+        }
+        true
+    }
+
+    fn slots(&self, key: i64) -> (i64, usize, usize) {
         let h = py_hash(key);
         let a = self.n.rem((h as u64).wrapping_mul(MIX1)) as usize;
         let mut b = self.n.rem((h as u64).wrapping_mul(MIX2)) as usize;
         if b == a {
-            b = (a + 1) % self.tag.len();
+            b = (a + 1) % self.cells.len();
         }
         (h, a, b)
     }
 
     pub fn pop(&mut self, key: i64) -> Option<(i64, f64)> {
-        let (h, a, b) = self.cells(key);
+        let (h, a, b) = self.slots(key);
         for i in [a, b] {
-            if self.last[i] != EMPTY && self.tag[i] == h {
-                let out = (self.last[i], self.crf[i] as f64);
-                self.last[i] = EMPTY;
-                return Some(out);
+            let Cell { tag, last, crf } = self.cells[i];
+            if last != EMPTY && tag == h {
+                self.cells[i].last = EMPTY;
+                return Some((last, crf as f64));
             }
         }
         None
     }
 
     pub fn put(&mut self, key: i64, last_tick: i64, crf: f64) {
-        let (h, a, b) = self.cells(key);
-        let last = &self.last;
-        let i = if last[a] == EMPTY || (last[b] != EMPTY && last[a] <= last[b]) {
+        let (h, a, b) = self.slots(key);
+        let (la, lb) = (self.cells[a].last, self.cells[b].last);
+        let i = if la == EMPTY || (lb != EMPTY && la <= lb) {
             a
         } else {
             b
         };
-        self.tag[i] = h;
-        self.last[i] = last_tick;
-        self.crf[i] = crf as f32;
+        self.cells[i] = Cell {
+            tag: h,
+            last: last_tick,
+            crf: crf as f32,
+        };
     }
 
     pub fn bytes(&self) -> usize {
-        self.tag.len() * 20
+        self.cells.len() * std::mem::size_of::<Cell>()
     }
 }

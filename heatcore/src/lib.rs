@@ -360,14 +360,10 @@ impl ChainHeat {
         last: PyReadonlyArray1<'_, i64>,
         crf: PyReadonlyArray1<'_, f32>,
     ) -> PyResult<()> {
-        let g = &mut self.core.ghosts;
         let (tag, last, crf) = (tag.as_slice()?, last.as_slice()?, crf.as_slice()?);
-        if tag.len() != g.tag.len() || last.len() != g.last.len() || crf.len() != g.crf.len() {
+        if !self.core.ghosts.load(tag, last, crf) {
             return Err(PyValueError::new_err("ghost table of another size"));
         }
-        g.tag.copy_from_slice(tag);
-        g.last.copy_from_slice(last);
-        g.crf.copy_from_slice(crf);
         Ok(())
     }
 
