@@ -35,11 +35,11 @@ POLICIES = ("lru", "wtinylfu", "heat")
 def forget(policy: Policy, keys: Iterable[Hashable]) -> None:
     """Remove `keys` from `policy` and, when it follows a panel of experts, from every expert."""
     panel = getattr(policy, "panel", None)
-    shadows: list[Policy] = list(panel.shadows) if panel is not None else []
     for key in keys:
-        for p in (policy, *shadows):
-            if key in p:
-                p.on_remove(key)
+        if key in policy:
+            policy.on_remove(key)
+        if panel is not None:
+            panel.forget(key)
 
 
 def replay_forgetting(

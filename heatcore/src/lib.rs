@@ -3,12 +3,15 @@
 //! codes of `REASONS`. `replay_prefix` takes a whole trace in one call.
 
 mod core;
+mod experts;
 mod fastmod;
 mod ghost;
 mod guard;
 mod heat;
 mod index;
 mod leaves;
+mod panel;
+mod pypanel;
 mod reuse;
 mod sketch;
 
@@ -445,6 +448,7 @@ impl ChainHeat {
 #[pymodule]
 fn cachemesh_heatcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ChainHeat>()?;
+    m.add_class::<pypanel::PyPanel>()?;
     m.add(
         "REASONS",
         (

@@ -18,15 +18,20 @@ _DEPTH = 4
 POSITIONS_CACHED = 1024
 
 
+def key_digest(key: Hashable) -> int:
+    """A key as 64 bits, before mixing: an int as it is (mod 2**64), str and bytes by blake2b (their
+    own hash is salted per process), anything else by `hash`."""
+    if isinstance(key, int):
+        return key & _M64
+    if isinstance(key, str | bytes):
+        data = key.encode() if isinstance(key, str) else key
+        return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+    return hash(key) & _M64
+
+
 def stable_hash(key: Hashable, seed: int = 0) -> int:
     """A 64-bit hash that does not change between processes (str hashing is salted per process)."""
-    if isinstance(key, int):
-        h = key & _M64
-    elif isinstance(key, str | bytes):
-        data = key.encode() if isinstance(key, str) else key
-        h = int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-    else:
-        h = hash(key) & _M64
+    h = key_digest(key)
     h = ((h ^ (seed * 0x9E3779B97F4A7C15)) * 0xBF58476D1CE4E5B9) & _M64
     h ^= h >> 31
     h = (h * 0x94D049BB133111EB) & _M64

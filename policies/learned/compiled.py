@@ -1,6 +1,7 @@
 """The heat policy with its prefix-chain mode compiled (`heatcore/`, Rust through PyO3).
 
-`CompiledHeat` is `HeatPolicy` until the first block that names a resident parent. There the Python
+`CompiledHeat` is `HeatPolicy`, its panel compiled (`panel_core.py`), until the first block that
+names a resident parent. There the Python
 policy would retire its panel and evict leaf by leaf (chains.py); instead its state moves into
 `cachemesh_heatcore.ChainHeat`, which decides from then on as `HeatPolicy` does, decision for decision
 (tests/unit/policies/test_heatcore.py replays both). Keys that are not 64-bit ints are interned.
@@ -18,6 +19,7 @@ from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import reuse_counts
 from policies.learned.guard import GuardState
 from policies.learned.heat import HeatPolicy
+from policies.learned.panel_core import CompiledPanel
 from policies.learned.signals import Decision, HeatScore
 
 _I64 = (-(2**63), 2**63)
@@ -73,7 +75,8 @@ class CompiledHeat(Policy):
 
     def __init__(self, capacity: int, **options: Any) -> None:
         super().__init__(capacity)
-        self.reference = HeatPolicy(capacity, **options)
+        # Until its chains begin, the reference decides, with its panel compiled (panel_core.py).
+        self.reference = HeatPolicy(capacity, **{"compiled_panel": True, **options})
         self.chain_half_life = float(options.get("chain_half_life", 3.0))
         self.core: ChainHeat | None = None
         self._interned = False  # keys are ids of the core as they are (ints), or interned here
@@ -244,8 +247,12 @@ class CompiledHeat(Policy):
 
     @property
     def native_bytes(self) -> int:
-        """Bytes the compiled core holds (outside Python's allocator)."""
-        return 0 if self.core is None else self.core.nbytes()
+        """Bytes the compiled core (or, before chains, the compiled panel) holds outside Python's
+        allocator."""
+        if self.core is not None:
+            return self.core.nbytes()
+        panel = self.reference.panel
+        return panel.native_bytes if isinstance(panel, CompiledPanel) else 0
 
     # -- mesh signals -----------------------------------------------------------------------------
 

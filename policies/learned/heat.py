@@ -19,7 +19,6 @@ from typing import Literal
 
 import numpy as np
 
-from policies.adaptive.wtinylfu import WTinyLFU
 from policies.admission.sketch import FrequencySketch
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import ChainReuse, LeafQueue
@@ -27,7 +26,8 @@ from policies.learned.features import N_FEATURES, EntryTable, keep_mask, view
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
 from policies.learned.guard import ChainGuard
-from policies.learned.panel import EXPERTS, MIN_MINIATURE, ExpertPanel, SketchedFactory
+from policies.learned.panel import EXPERTS, MIN_MINIATURE
+from policies.learned.panel_core import CompiledPanel, heat_panel
 from policies.learned.scorer import HeatScorer, ReuseLabeler
 from policies.learned.signals import MeshSignals
 
@@ -70,6 +70,8 @@ class HeatPolicy(MeshSignals, Policy):
         # The learned chain term at half weight: why, docs/heat.md ("How the AI-native policy decides").
         chain_reuse_weight: float = 0.5,
         chain_guard: bool = True,  # `guard.ChainGuard`: the term stands down where it does not pay
+        # The panel compiled (`panel_core.py`) where every expert is; False: Python's (the oracle)
+        compiled_panel: bool = False,
     ) -> None:
         super().__init__(capacity)
         self.seed, self.chain_half_life, self.guarded = seed, chain_half_life, chain_guard
@@ -95,24 +97,16 @@ class HeatPolicy(MeshSignals, Policy):
         self.sketch = FrequencySketch(capacity, seed=seed)
         # `ablate`: feature groups (`features.FEATURE_GROUPS`) the model sees as zeros (benches only)
         self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed, keep=keep_mask(ablate))
-        # The full-size experts that count frequencies share this cache's sketch (it hears the same
-        # accesses); the miniatures share one of their own (`shadow_sample`: see `panel.py`).
-        sketched: dict[str, SketchedFactory] = {
-            "wtinylfu": lambda c, sketch: WTinyLFU(c, seed=seed, sketch=sketch),
-            FRAME: lambda c, sketch: HeatFrame(c, sketch, self._frame_heat, seed=seed),
-        }
-        self.panel = (
-            ExpertPanel(
-                capacity,
-                experts,
-                sketched=sketched,
-                sketch=self.sketch,
-                seed=seed,
-                sample=shadow_sample,
-                min_miniature=shadow_min,
-            )
-            if experts
-            else None
+        self.panel = heat_panel(  # W-TinyLFU and the frame read `sketch` (the miniatures their own)
+            capacity,
+            experts,
+            compiled=compiled_panel,
+            sketch=self.sketch,
+            frame=lambda c, sketch: HeatFrame(c, sketch, self._frame_heat, seed=seed),
+            seed=seed,
+            sample=shadow_sample,
+            min_miniature=shadow_min,
+            prior_recency=prior_recency,
         )
         self.labeler = ReuseLabeler(self.horizon)
         slots = capacity + 1  # one spare: a newcomer is staged in a slot before room is made
@@ -154,6 +148,7 @@ class HeatPolicy(MeshSignals, Policy):
         self._checked: dict[int, int] = {}  # challenger -> tick its migration cost was last weighed
         self.rescores = 0
         self._prefix_mode = False  # set by the first block that names a prefix parent
+        self._model_heat = False  # the compiled frame's heat is the model's (else the core's prior)
 
     # -- Policy interface -------------------------------------------------------------------
 
@@ -262,13 +257,18 @@ class HeatPolicy(MeshSignals, Policy):
         if panel is None:
             return
         chained = meta is not None and meta.parent is not None
-        for gone in panel.access(key, now_ms, chained):
-            s = self._slot.get(gone)
-            if s is not None:
-                self._foreign[s] = None
-        s = self._slot.get(key)
-        if s is not None and s in self._foreign and panel.holds(key):
-            del self._foreign[s]
+        if isinstance(panel, CompiledPanel):
+            if not self._model_heat and self.model_active:
+                panel.use_heat(self._frame_heat)
+                self._model_heat = True
+            left = panel.access_slots(key, chained, self._slot)
+        else:
+            left = [s for k in panel.access(key, now_ms, chained) if (s := self._slot.get(k)) is not None]
+        for s in left:
+            self._foreign[s] = None
+        here = self._slot.get(key)
+        if here is not None and here in self._foreign and panel.holds(key):
+            del self._foreign[here]
         if panel.contested:
             self._weigh_challenger()
 
@@ -327,9 +327,8 @@ class HeatPolicy(MeshSignals, Policy):
         self.labeler.expire(self._tick, self.scorer)
         if self.learning and self.scorer.train(self.train_steps) is not None:
             self._one_cache.clear()
-            for expert in self.panel.shadows if self.panel is not None else ():
-                if isinstance(expert, HeatFrame):
-                    expert.invalidate()
+            if self.panel is not None:
+                self.panel.invalidate()
         self._score_all(now)
 
     def _score_all(self, now: int) -> None:
@@ -564,6 +563,8 @@ class HeatPolicy(MeshSignals, Policy):
         self._slot[key] = s
         self._keys[s] = key
         self._used += v.size[s]
+        if isinstance(self.panel, CompiledPanel):
+            self.panel.admitted(key, s)
 
     def _evict_one(self, s: int, reason: EvictionReason) -> Eviction:
         key = self._keys[s]
@@ -577,6 +578,8 @@ class HeatPolicy(MeshSignals, Policy):
         key = self._keys[s]
         del self._slot[key]
         self._keys[s] = None
+        if isinstance(self.panel, CompiledPanel):
+            self.panel.released(key)
         self._used -= v.size[s]
         self._doomed.pop(s, None)
         self._foreign.pop(s, None)

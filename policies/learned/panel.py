@@ -193,6 +193,23 @@ class ExpertPanel:
                 weights[h] = 1.0
         return [e.key for e in leader_out] if drives and leader_out else []
 
+    def forget(self, key: Hashable) -> None:
+        """`key` left for a reason outside the experts: every expert (the driver too) drops it."""
+        for shadow in self.shadows:
+            if key in shadow:
+                shadow.on_remove(key)
+
+    def holders(self, key: Hashable) -> list[int]:
+        """The experts (`names` order) whose miniature holds `key`."""
+        return [i for i, shadow in enumerate(self.minis) if key in shadow]
+
+    def invalidate(self) -> None:
+        """The owner's model changed: experts that cache its heat (the frame) forget it."""
+        for shadow in self.shadows:
+            forget = getattr(shadow, "invalidate", None)
+            if forget is not None:
+                forget()
+
     def missing(self, expert: int, resident: Iterable[Hashable]) -> float:
         """About how many of the `resident` keys `expert` does not hold: counted in its shadow at
         R = 1, estimated from the sampled keys missing from its miniature (times R) otherwise."""

@@ -20,6 +20,8 @@ def test_forget_reaches_every_expert_of_the_heat_panel() -> None:
     policy = make_policy("heat", 8, seed=0)
     replay_forgetting(from_keys("t", np.arange(6).repeat(3)), policy)
     assert 3 in policy
+    assert policy.panel is not None and policy.panel.holders(3) != []
     forget(policy, [3])
     assert 3 not in policy
-    assert policy.panel is not None and all(3 not in shadow for shadow in policy.panel.shadows)
+    assert policy.panel.holders(3) == []
+    assert not policy.panel.holds(3)
