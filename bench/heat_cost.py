@@ -228,6 +228,13 @@ def plot(results: dict[str, dict[str, float]], path: Path) -> None:
 
 
 def main() -> None:
+    # One core, as the heat service runs (`threads` = 1): the model's training steps are tiny, and
+    # torch's second thread only contends with the first on these machines.
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", action="append", help="dev trace names (default: all)")
     parser.add_argument("--limit", type=int, default=200_000, help="accesses per dev trace")

@@ -21,6 +21,8 @@ pub struct PanelParams {
     pub sketched: bool,
     /// The owner's sketch's seed (the one the full-size sketched experts read).
     pub sketch_seed: u64,
+    /// The owner counts its sketch here (`count`) before each access; else `access` counts it.
+    pub owner_counts: bool,
     pub frame: FrameParams,
 }
 
@@ -151,8 +153,9 @@ impl Panel {
     /// rejected are left in `out()`.
     pub fn access(&mut self, key: u64, chained: bool, heat: Option<&mut HeatFn>) -> &[u64] {
         self.out.clear();
-        let pos = self.main.positions(key as i64);
-        self.main.increment_at(&pos);
+        if !self.p.owner_counts {
+            self.count(key);
+        }
         let Some(driver) = self.driver.as_mut() else {
             let mut env = Env {
                 sketch: &self.main,
@@ -394,6 +397,16 @@ impl Panel {
         if let Some(d) = self.driver.as_mut() {
             d.invalidate();
         }
+    }
+
+    /// One access of `key` in the owner's sketch.
+    pub fn count(&mut self, key: u64) {
+        let pos = self.main.positions(key as i64);
+        self.main.increment_at(&pos);
+    }
+
+    pub fn sketch(&self) -> &Sketch {
+        &self.main
     }
 
     pub fn frequency(&self, key: u64) -> u8 {

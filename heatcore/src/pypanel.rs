@@ -5,6 +5,7 @@
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 
 use crate::experts::frame::FrameParams;
 use crate::panel::{Panel, PanelParams};
@@ -60,8 +61,8 @@ fn with_heat<R>(
 impl PyPanel {
     #[new]
     #[pyo3(signature = (capacity, experts, *, seed=0, sample=1, horizons=vec![32.0, 512.0],
-        sigmas=vec![3.0, 2.0], min_lead=8.0, sketched=false, sketch_seed=0, layout=None,
-        prior_recency=0.5))]
+        sigmas=vec![3.0, 2.0], min_lead=8.0, sketched=false, sketch_seed=0, owner_counts=false,
+        layout=None, prior_recency=0.5))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         capacity: usize,
@@ -73,6 +74,7 @@ impl PyPanel {
         min_lead: f64,
         sketched: bool,
         sketch_seed: u64,
+        owner_counts: bool,
         layout: Option<[usize; 8]>,
         prior_recency: f64,
     ) -> PyResult<Self> {
@@ -105,6 +107,7 @@ impl PyPanel {
             min_lead,
             sketched,
             sketch_seed,
+            owner_counts,
             frame,
         })
         .map_err(PyValueError::new_err)?;
@@ -206,6 +209,32 @@ impl PyPanel {
 
     fn frequency(&self, key: u64) -> u8 {
         self.panel.frequency(key)
+    }
+
+    /// One access of `key` in the owner's sketch (with `owner_counts`).
+    fn count(&mut self, key: u64) {
+        self.panel.count(key);
+    }
+
+    #[getter]
+    fn sketch_resets(&self) -> u32 {
+        self.panel.sketch().resets
+    }
+
+    /// (counters, doorkeeper, additions, resets) of the owner's sketch, as `ChainHeat.load_sketch`
+    /// and `FrequencySketch` hold them.
+    fn sketch_state<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> (Bound<'py, PyBytes>, Bound<'py, PyBytes>, u64, u32) {
+        let s = self.panel.sketch();
+        let (table, door) = s.state();
+        (
+            PyBytes::new(py, table),
+            PyBytes::new(py, door),
+            s.additions,
+            s.resets,
+        )
     }
 
     #[getter]

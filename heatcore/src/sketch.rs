@@ -144,6 +144,11 @@ impl Sketch {
         Ok(())
     }
 
+    /// The counters and the doorkeeper, as `load` takes them.
+    pub fn state(&self) -> (&[u8], &[u8]) {
+        (&self.table, &self.door)
+    }
+
     pub fn bytes(&self) -> usize {
         self.table.len() + self.door.len()
     }

@@ -119,6 +119,10 @@ class FrequencySketch:
         if self.additions >= self.sample_size:
             self.reset()
 
+    def state(self) -> tuple[bytes, bytes, int, int]:
+        """(counters, doorkeeper, additions, resets): what a compiled core loads."""
+        return bytes(self._table), bytes(self._door), self.additions, self.resets
+
     def reset(self) -> None:
         """Age: halve every counter and clear the doorkeeper."""
         arr = np.frombuffer(self._table, dtype=np.uint8)

@@ -349,8 +349,7 @@ class CompiledHeat(Policy):
             np.frombuffer(ghost._last, dtype=np.int64),
             np.frombuffer(ghost._crf, dtype=np.float32),
         )
-        sketch = ref.sketch
-        core.load_sketch(bytes(sketch._table), bytes(sketch._door), sketch.additions, sketch.resets)
+        core.load_sketch(*ref.sketch.state())
         reuse = ref.chain_reuse
         if reuse is not None:
             core.load_reuse((reuse.yes[0], reuse.yes[1]), (reuse.seen[0], reuse.seen[1]), reuse.labels)

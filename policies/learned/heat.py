@@ -27,7 +27,7 @@ from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
 from policies.learned.guard import ChainGuard
 from policies.learned.panel import EXPERTS, MIN_MINIATURE
-from policies.learned.panel_core import CompiledPanel, heat_panel
+from policies.learned.panel_core import CompiledPanel, PanelSketch, heat_panel
 from policies.learned.scorer import HeatScorer, ReuseLabeler
 from policies.learned.signals import MeshSignals
 
@@ -94,20 +94,21 @@ class HeatPolicy(MeshSignals, Policy):
         # Prefix chains: combined recency-frequency halves every `chain_half_life` capacities of
         # accesses (LRFU's lambda).
         self._lambda = 1.0 / (chain_half_life * capacity)
-        self.sketch = FrequencySketch(capacity, seed=seed)
+        sketch = FrequencySketch(capacity, seed=seed)
         # `ablate`: feature groups (`features.FEATURE_GROUPS`) the model sees as zeros (benches only)
         self.scorer = HeatScorer(N_FEATURES, hidden=hidden, seed=seed, keep=keep_mask(ablate))
         self.panel = heat_panel(  # W-TinyLFU and the frame read `sketch` (the miniatures their own)
             capacity,
             experts,
             compiled=compiled_panel,
-            sketch=self.sketch,
+            sketch=sketch,
             frame=lambda c, sketch: HeatFrame(c, sketch, self._frame_heat, seed=seed),
             seed=seed,
             sample=shadow_sample,
             min_miniature=shadow_min,
             prior_recency=prior_recency,
         )
+        self.sketch: FrequencySketch | PanelSketch = sketch if self.panel is None else self.panel.sketch
         self.labeler = ReuseLabeler(self.horizon)
         slots = capacity + 1  # one spare: a newcomer is staged in a slot before room is made
         self.table = EntryTable(slots, capacity)

@@ -48,6 +48,28 @@ def same_key(key: Hashable) -> bool:
     return type(key) is int and 0 <= key <= _M64
 
 
+class PanelSketch:
+    """`FrequencySketch`'s face (increment, frequency, resets, seed, state) over the sketch the
+    compiled panel holds for its owner: one sketch, counted once, that the owner and the experts read."""
+
+    def __init__(self, core: Panel, seed: int) -> None:
+        self.core = core
+        self.seed = seed
+
+    def increment(self, key: Hashable) -> None:
+        self.core.count(panel_key(key))
+
+    def frequency(self, key: Hashable) -> int:
+        return self.core.frequency(panel_key(key))
+
+    @property
+    def resets(self) -> int:
+        return self.core.sketch_resets
+
+    def state(self) -> tuple[bytes, bytes, int, int]:
+        return self.core.sketch_state()
+
+
 class CompiledPanel:
     """`ExpertPanel`'s interface (the part the heat policy uses). `sketched`: W-TinyLFU and the frame
     read the sketch of the owner, seeded `sketch_seed`, which the core counts alongside it (the owner
@@ -63,6 +85,7 @@ class CompiledPanel:
         min_miniature: int = MIN_MINIATURE,
         sketched: bool = False,
         sketch_seed: int = 0,
+        owner_counts: bool = False,
         prior_recency: float = 0.5,
     ) -> None:
         unknown = [e for e in experts if e not in COMPILED_EXPERTS]
@@ -83,9 +106,12 @@ class CompiledPanel:
             min_lead=MIN_LEAD,
             sketched=sketched,
             sketch_seed=sketch_seed,
+            owner_counts=owner_counts,
             layout=LAYOUT,
             prior_recency=prior_recency,
         )
+        # With `owner_counts` the owner's sketch is this one (`PanelSketch`), counted by the owner.
+        self.sketch = PanelSketch(self.core, sketch_seed)
 
     @property
     def leader(self) -> int:
@@ -177,9 +203,9 @@ def heat_panel(
     min_miniature: int,
     prior_recency: float,
 ) -> ExpertPanel | CompiledPanel | None:
-    """The heat policy's panel: compiled where asked and every expert is, else the Python one
-    (W-TinyLFU and the frame read the policy's `sketch`; `frame` builds a Python frame). None
-    without experts."""
+    """The heat policy's panel: compiled where asked and every expert is (the policy's sketch is then
+    the panel's `sketch`, one, counted in the core), else the Python one (W-TinyLFU and the frame read
+    the policy's `sketch`; `frame` builds a Python frame). None without experts."""
     if not experts:
         return None
     if compiled and set(experts) <= COMPILED_EXPERTS:
@@ -191,6 +217,7 @@ def heat_panel(
             min_miniature=min_miniature,
             sketched=True,
             sketch_seed=seed,
+            owner_counts=True,
             prior_recency=prior_recency,
         )
     sketched: dict[str, SketchedFactory] = {
