@@ -28,7 +28,6 @@ pub struct PanelParams {
 
 pub struct Panel {
     p: PanelParams,
-    mini: usize,
     main: Sketch,
     mini_sketch: Option<Sketch>, // R > 1: the miniatures' own
     minis: Vec<Box<dyn Expert>>,
@@ -93,7 +92,6 @@ impl Panel {
             .collect();
         let h = p.horizons.len();
         Ok(Panel {
-            mini,
             main,
             mini_sketch,
             minis,
@@ -111,16 +109,8 @@ impl Panel {
         })
     }
 
-    pub fn names(&self) -> &[String] {
-        &self.p.names
-    }
-
     pub fn sample(&self) -> u64 {
         self.p.sample
-    }
-
-    pub fn mini_capacity(&self) -> usize {
-        self.mini
     }
 
     pub fn sampled(&self, key: u64) -> bool {
@@ -135,12 +125,9 @@ impl Panel {
         }
     }
 
-    pub fn expert_holds(&self, expert: usize, key: u64) -> bool {
-        self.minis[expert].contains(key)
-    }
-
-    pub fn expert_len(&self, expert: usize) -> usize {
-        self.minis[expert].len()
+    /// The number of experts and of horizons.
+    pub fn shape(&self) -> (usize, usize) {
+        (self.minis.len(), self.weights.len())
     }
 
     pub fn driver_len(&self) -> usize {
@@ -384,7 +371,7 @@ impl Panel {
         }
     }
 
-    /// The experts holding `key` (`names` order), and whether the driver does.
+    /// The experts (`names` order) whose miniature holds `key`.
     pub fn holders(&self, key: u64) -> Vec<usize> {
         (0..self.minis.len())
             .filter(|&i| self.minis[i].contains(key))

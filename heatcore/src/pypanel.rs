@@ -133,21 +133,6 @@ impl PyPanel {
         })
     }
 
-    /// Accesses in a row (`chained` for each); per access, whether the leader's driver held the key
-    /// before it, in one call.
-    fn access_many(&mut self, py: Python<'_>, keys: Vec<u64>) -> PyResult<Vec<bool>> {
-        let panel = &mut self.panel;
-        with_heat(py, &self.heat, self.width, |mut heat| {
-            keys.iter()
-                .map(|&k| {
-                    let held = panel.holds(k);
-                    panel.access(k, false, heat.as_deref_mut());
-                    held
-                })
-                .collect()
-        })
-    }
-
     fn follow(&mut self, py: Python<'_>, expert: usize, resident: Vec<u64>) -> PyResult<()> {
         let panel = &mut self.panel;
         with_heat(py, &self.heat, self.width, |heat| {
@@ -170,37 +155,30 @@ impl PyPanel {
         self.panel.holds(key)
     }
 
-    fn holds_many(&self, keys: Vec<u64>) -> Vec<bool> {
-        keys.iter().map(|&k| self.panel.holds(k)).collect()
-    }
-
-    fn sampled(&self, key: u64) -> bool {
-        self.panel.sampled(key)
-    }
-
-    fn expert_holds(&self, expert: usize, key: u64) -> bool {
-        self.panel.expert_holds(expert, key)
-    }
-
-    fn expert_len(&self, expert: usize) -> usize {
-        self.panel.expert_len(expert)
-    }
-
     fn driver_len(&self) -> usize {
         self.panel.driver_len()
     }
 
     #[pyo3(signature = (i, j, horizon=0))]
-    fn lead(&self, i: usize, j: usize, horizon: usize) -> f64 {
-        self.panel.lead(i, j, horizon)
+    fn lead(&self, i: usize, j: usize, horizon: usize) -> PyResult<f64> {
+        let (experts, horizons) = self.panel.shape();
+        if i >= experts || j >= experts || horizon >= horizons {
+            return Err(PyValueError::new_err(format!(
+                "no lead ({i}, {j}) at horizon {horizon}: {experts} experts, {horizons} horizons"
+            )));
+        }
+        Ok(self.panel.lead(i, j, horizon))
     }
 
     fn challengers(&self) -> Vec<(usize, f64)> {
         self.panel.challengers()
     }
 
-    fn missing(&self, expert: usize, resident: Vec<u64>) -> f64 {
-        self.panel.missing(expert, &resident)
+    fn missing(&self, expert: usize, resident: Vec<u64>) -> PyResult<f64> {
+        if expert >= self.panel.shape().0 {
+            return Err(PyValueError::new_err(format!("no expert {expert}")));
+        }
+        Ok(self.panel.missing(expert, &resident))
     }
 
     fn invalidate(&mut self) {
@@ -243,18 +221,8 @@ impl PyPanel {
     }
 
     #[getter]
-    fn names(&self) -> Vec<String> {
-        self.panel.names().to_vec()
-    }
-
-    #[getter]
     fn sample(&self) -> u64 {
         self.panel.sample()
-    }
-
-    #[getter]
-    fn mini_capacity(&self) -> usize {
-        self.panel.mini_capacity()
     }
 
     #[getter]

@@ -91,6 +91,8 @@ def test_the_panel_decides_as_the_python_panel(capacity: int, sample: int, seed:
             compiled.follow(best, resident)
     assert compiled.hits == python.hits
     assert compiled.switches == python.switches
+    for h in range(2):
+        assert compiled.lead(1, 0, h) == pytest.approx(python.lead(1, 0, h))
 
 
 @pytest.mark.parametrize("capacity", [64, 800])
@@ -134,3 +136,9 @@ def test_a_panel_it_cannot_build_is_refused_with_the_reason() -> None:
         Panel(8, [])
     with pytest.raises(ValueError, match="not compiled"):
         CompiledPanel(8, ["lfu"])
+    panel = Panel(8, ["lru", "arc"])
+    for ask in (lambda: panel.lead(0, 2), lambda: panel.lead(0, 1, 2), lambda: panel.missing(2, [1])):
+        with pytest.raises(ValueError, match="no "):
+            ask()
+    with pytest.raises(ValueError, match="no expert"):
+        panel.follow(5, [])
