@@ -56,11 +56,12 @@ class PanelSketch:
         self.core = core
         self.seed = seed
 
+    # (`panel_key` written out: these run on every access)
     def increment(self, key: Hashable) -> None:
-        self.core.count(panel_key(key))
+        self.core.count(key if type(key) is int and 0 <= key <= _M64 else key_digest(key))
 
     def frequency(self, key: Hashable) -> int:
-        return self.core.frequency(panel_key(key))
+        return self.core.frequency(key if type(key) is int and 0 <= key <= _M64 else key_digest(key))
 
     @property
     def resets(self) -> int:
@@ -138,7 +139,7 @@ class CompiledPanel:
         self.core.set_heat(heat)
 
     def holds(self, key: Hashable) -> bool:
-        return self.core.holds(panel_key(key))
+        return self.core.holds(key if type(key) is int and 0 <= key <= _M64 else key_digest(key))
 
     def access(self, key: Hashable, now_ms: int, chained: bool = False) -> list[int]:
         """One access; the ints of the keys the driver evicted (or rejected)."""
@@ -157,7 +158,8 @@ class CompiledPanel:
         """One access; the owner's slots (`slots` by key, or as `admitted`) of the keys the driver
         evicted or rejected."""
         digests, out = self.digests, []
-        for gone in self.core.access(panel_key(key), chained):
+        pk = key if type(key) is int and 0 <= key <= _M64 else key_digest(key)
+        for gone in self.core.access(pk, chained):
             s = digests.get(gone) if digests else None
             if s is None:
                 s = slots.get(gone)
@@ -172,7 +174,11 @@ class CompiledPanel:
         return self.core.lead(i, j, horizon)
 
     def missing(self, expert: int, resident: Iterable[Hashable]) -> float:
-        return self.core.missing(expert, [panel_key(k) for k in resident])
+        keys = list(resident)
+        try:  # ints in [0, 2**64) cross as they are
+            return self.core.missing(expert, keys)  # type: ignore[arg-type]
+        except (TypeError, OverflowError):
+            return self.core.missing(expert, [panel_key(k) for k in keys])
 
     def follow(self, expert: int, resident: Iterable[Hashable] = (), now_ms: int = 0) -> None:
         self.core.follow(expert, [panel_key(k) for k in resident])

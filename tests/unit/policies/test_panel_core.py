@@ -127,6 +127,15 @@ def test_keys_that_are_not_ints_cross_as_their_digest_and_come_back_as_themselve
     assert len(policy.panel.digests) == len(policy)
 
 
+def test_the_missing_count_takes_any_keys() -> None:
+    panel = CompiledPanel(8, ["lru", "arc"])
+    for key in ("a", "b", 3, -1, 2**70):
+        panel.access(key, 0)
+    assert panel.missing(0, ["a", "b", 3, -1, 2**70]) == 0.0  # an 8-entry LRU holds them all
+    assert panel.missing(0, ["c", 4, "a"]) == 2.0
+    assert panel.missing(0, [3, 4]) == 1.0
+
+
 def test_a_panel_it_cannot_build_is_refused_with_the_reason() -> None:
     with pytest.raises(ValueError, match="mru"):
         Panel(8, ["lru", "mru"])
