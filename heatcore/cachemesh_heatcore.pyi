@@ -66,6 +66,14 @@ class ChainHeat:
         npt.NDArray[np.int64],
         npt.NDArray[np.bool_],
     ]: ...
+    def changed(
+        self, below: float
+    ) -> tuple[
+        npt.NDArray[np.int64],
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.uint8],
+    ]: ...
     def replay_prefix(
         self, keys: npt.NDArray[np.int64], starts: npt.NDArray[np.int64], times: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.bool_]: ...

@@ -23,6 +23,13 @@ pub const EXTENDED: u8 = 2;
 pub const UNSCORED: u8 = 4;
 /// The block's chain is in the guard's sample (guard.rs)
 pub const SAMPLED: u8 = 8;
+/// The decision `changed` last gave for the entry: keep, keep-alive (neither: none yet, or evict)
+pub const GAVE_KEEP: u8 = 16;
+pub const GAVE_ALIVE: u8 = 32;
+/// Decision codes of `changed`
+pub const KEEP: u8 = 1;
+pub const KEEP_ALIVE: u8 = 2;
+pub const EVICT: u8 = 3;
 
 /// Integer keys hash with one multiply (they are block hashes or dense ids already).
 #[derive(Default)]
@@ -458,7 +465,7 @@ impl Core {
     }
 
     fn reset_slot(&mut self, s: usize) {
-        self.set(s, USED | UNSCORED, false);
+        self.set(s, USED | UNSCORED | GAVE_KEEP | GAVE_ALIVE, false);
         self.freq[s] = 0;
         self.freq_epoch[s] = 0;
         self.size[s] = 1;
@@ -543,6 +550,40 @@ impl Core {
     }
 
     /// Bytes this core holds (its arrays, the key index, the leaf queue, ghosts, sketch, pending labels).
+    /// The resident entries whose decision differs from the one this last gave for them, each as
+    /// (slot, decision code): `EVICT` below `below` (a leaf; given every time, as a command),
+    /// `KEEP_ALIVE` when only a neighbour or a child keeps it, `KEEP` otherwise. A re-score round
+    /// then costs the changes, not the whole table, in Python.
+    pub fn changed(&mut self, below: f64) -> Vec<(usize, u8)> {
+        self.fresh_all();
+        let mut out = Vec::new();
+        for s in 0..self.slots() {
+            if !self.is(s, USED) {
+                continue;
+            }
+            let code = if f64::from(self.eff_of(s)) < below && self.children[s] == 0 {
+                EVICT
+            } else if f64::from(self.raw[s]) < below {
+                KEEP_ALIVE
+            } else {
+                KEEP
+            };
+            let gave = if self.is(s, GAVE_KEEP) {
+                KEEP
+            } else if self.is(s, GAVE_ALIVE) {
+                KEEP_ALIVE
+            } else {
+                0
+            };
+            if code != gave || code == EVICT {
+                out.push((s, code));
+                self.set(s, GAVE_KEEP, code == KEEP);
+                self.set(s, GAVE_ALIVE, code == KEEP_ALIVE);
+            }
+        }
+        out
+    }
+
     pub fn bytes(&self) -> usize {
         // key, last tick, CRF, size, trace, depth, parent, children, frequency, its epoch, raw heat, flags
         let per_slot = 8 + 8 + 8 + 4 + 4 + 4 + 4 + 4 + 1 + 4 + 4 + 1;

@@ -218,6 +218,29 @@ impl ChainHeat {
         )
     }
 
+    /// The entries whose decision changed since this last gave them (`Core::changed`): keys,
+    /// effective heat, cluster (-1: none) and decision code (1 keep, 2 keep-alive, 3 evict).
+    #[allow(clippy::type_complexity)]
+    fn changed<'py>(
+        &mut self,
+        py: Python<'py>,
+        below: f64,
+    ) -> (
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<f32>>,
+        Bound<'py, PyArray1<i64>>,
+        Bound<'py, PyArray1<u8>>,
+    ) {
+        let changed = self.core.changed(below);
+        let c = &self.core;
+        (
+            PyArray1::from_iter(py, changed.iter().map(|&(s, _)| c.key[s])),
+            PyArray1::from_iter(py, changed.iter().map(|&(s, _)| c.eff_of(s))),
+            PyArray1::from_iter(py, changed.iter().map(|&(s, _)| c.cluster_of(s))),
+            PyArray1::from_iter(py, changed.iter().map(|&(_, code)| code)),
+        )
+    }
+
     /// Replays a prefix trace (request r covers keys[starts[r]:starts[r+1]], each block the parent of
     /// the next) as `sim.replay` does; returns the per-access hit mask (the resident prefix).
     fn replay_prefix<'py>(

@@ -27,6 +27,7 @@ _REASONS: tuple[EvictionReason, ...] = ("capacity", "rejected", "expired", "cont
 assert _REASONS == REASONS, "the core's reason codes"
 _CODES: dict[str, int] = {reason: code for code, reason in enumerate(_REASONS)}
 _NONE = -1  # no interned key has this id (they count up from 0)
+_DECISIONS: dict[int, Decision] = {1: "keep", 2: "keep-alive", 3: "evict"}  # the core's codes
 
 
 class CompiledReuse:
@@ -302,6 +303,17 @@ class CompiledHeat(Policy):
         for i, e, r, c, p in zip(*columns, strict=True):
             decision: Decision = "evict" if e < below and not p else "keep-alive" if r < below else "keep"
             yield HeatScore(self._key(i), max(e, 0.0), None if c < 0 else c, decision)
+
+    def changed_scores(self) -> Iterator[HeatScore]:
+        """`scores()` of the entries whose decision differs from the one this last gave for them (an
+        `evict` is given every time): what a re-score round publishes, found in the core (before
+        chains, every score)."""
+        if self.core is None:
+            yield from self.reference.scores()
+            return
+        keys, eff, clusters, codes = self.core.changed(self.reference.evict_below)
+        for i, e, c, code in zip(keys.tolist(), eff.tolist(), clusters.tolist(), codes.tolist(), strict=True):
+            yield HeatScore(self._key(i), max(e, 0.0), None if c < 0 else c, _DECISIONS[code])
 
     # -- the hand-over --------------------------------------------------------------------------------
 

@@ -233,7 +233,10 @@ class HeatEngine:
         if self.events_applied != self.scored_events:
             self.scored_events = self.events_applied
             self.policy.rescore(now_ms)
-            for score in self.policy.scores():
+            # The compiled policy gives only the entries whose decision changed (the check below
+            # still holds for them); the Python one every entry.
+            policy = self.policy
+            for score in policy.changed_scores() if isinstance(policy, CompiledHeat) else policy.scores():
                 decision = _WIRE_DECISION[score.decision]
                 if self._published.get(score.key) != decision:
                     self._queue(score.key, score.score, score.cluster, decision)

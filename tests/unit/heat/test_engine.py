@@ -3,11 +3,15 @@ scores into decisions, and only changes are published."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
+from policies.learned.compiled import CompiledHeat
 from policies.learned.features import N_FEATURES
 from policies.learned.heat import HeatPolicy
+from policies.learned.signals import HeatScore
 from schemas.events import (
     AttentionHeatReported,
     CacheAccessed,
@@ -242,3 +246,41 @@ def test_a_block_whose_parent_belongs_to_another_owner_starts_a_chain_here() -> 
     # A parent that would be heard here and has not arrived yet is still waited for.
     engine.apply(KvBlockStored(block_hash="c1", parent_block_hash="near-root", occurred_at_ms=12))
     assert engine.orphans_parked == 1 and "c1" not in engine.policy
+
+
+class _EveryScore(CompiledHeat):
+    """The compiled policy publishing from the whole table (what rounds did before `changed_scores`)."""
+
+    def changed_scores(self) -> Iterator[HeatScore]:
+        return self.scores()
+
+
+def test_a_round_of_the_compiled_core_publishes_what_the_whole_table_would() -> None:
+    rng = np.random.default_rng(3)
+    ours, whole = HeatEngine(CompiledHeat(300, seed=1)), HeatEngine(_EveryScore(300, seed=1))
+    rounds = published = 0
+    for t in range(6000):
+        root = int(rng.integers(0, 40))  # requests share prefixes: hits, extensions and evictions
+        parent = None
+        events = []
+        for depth in range(int(rng.integers(1, 6))):
+            block = f"b{root}-{depth}-{int(rng.integers(0, 3)) if depth > 2 else 0}"
+            events.append(
+                KvBlockStored(block_hash=block, parent_block_hash=parent, occurred_at_ms=t * 10 + depth)
+            )
+            parent = block
+        if t % 97 == 0:
+            events.append(KvBlockRemoved(block_hash=parent, occurred_at_ms=t * 10 + 9))
+        for event in events:
+            ours.apply(event)
+            whole.apply(event)
+        if t % 50 == 49:
+            got, want = (
+                [(d.key, d.score, d.decision, d.cluster) for d in engine.rescore(t * 10 + 9, limit=10_000)]
+                for engine in (ours, whole)
+            )
+            assert got == want, t
+            rounds += 1
+            published += len(got)
+    assert isinstance(ours.policy, CompiledHeat) and ours.policy.core is not None
+    assert rounds == 120 and published > 300  # decisions went out, round after round
