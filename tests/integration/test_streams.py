@@ -41,6 +41,7 @@ from schemas.events import (
 )
 from schemas.topics import qualified
 from schemas.wire import decode
+from services.runtime.topics import ensure_topics
 from streams.offline import compare_windows, offline_drift, offline_windows
 
 pytestmark = [
@@ -266,7 +267,7 @@ async def test_a_killed_worker_comes_back_with_its_tables_and_loses_no_count(
 
 
 async def test_a_recovery_the_watchdog_restarts_again_and_again_still_loses_no_count(
-    kafka: Broker, namespace: str, topics_on, workers
+    kafka: Broker, namespace: str, workers
 ) -> None:
     """The recovery watchdog's restart (streams/recovery_watch.py) is faust's own, as on a new
     assignment: with a stall period of 2 ms, far under the fetch round trips of a recovery, the
@@ -278,16 +279,25 @@ async def test_a_recovery_the_watchdog_restarts_again_and_again_still_loses_no_c
     A restart while faust waits for the end of reading is swallowed there, and faust completes a
     recovery with records unread (`recoveries_cut_short`): the worker must wait for the restarted one.
     A CI run that loaded the tables then lost up to 37% of a window's counts."""
-    await topics_on(kafka)
     impatient = {
         "CACHEMESH_STREAMS_RECOVERY_STALL_S": "0.002",
         "CACHEMESH_STREAMS_RECOVERY_RESTARTS": "1000000",
     }
-    report = await _kill_mid_stream_and_restart(kafka, namespace, workers, 48, **impatient)
-    assert report["late"] == 0
-    assert report["recovery_restarts"] >= 1, "the watchdog never restarted the recovery: nothing was tested"
-    # Hundreds of times a run here (322 of 323 completions in one): the case the guard is for.
-    assert report["recoveries_cut_short"] >= 1, "faust never completed a recovery cut short: not tested"
+    # Hundreds of times a run here (322 of 323 completions in one) faust completes a recovery cut short,
+    # the case the guard is for; a CI run once had none, so a run without one is repeated (on topics of
+    # its own) before the test says it tested nothing. Every run's counts must be exact.
+    runs = 3
+    for run in range(runs):
+        space = namespace if run == 0 else f"{namespace[:-1]}r{run}."
+        await ensure_topics(kafka.bootstrap, space)
+        report = await _kill_mid_stream_and_restart(kafka, space, workers, 48, **impatient)
+        assert report["late"] == 0
+        assert report["recovery_restarts"] >= 1, (
+            "the watchdog never restarted the recovery: nothing was tested"
+        )
+        if report["recoveries_cut_short"] >= 1:
+            return
+    raise AssertionError(f"faust never completed a recovery cut short in {runs} runs: not tested")
 
 
 async def _eventually(check, what: str, timeout_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
