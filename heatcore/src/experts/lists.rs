@@ -1,30 +1,9 @@
 //! Up to four ordered maps over one node slab and one hash index (`collections.OrderedDict`s whose
 //! keys never sit in two of them at once): push at either end, move, pop the oldest, remove.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use crate::core::IdMap;
 
 pub const NIL: u32 = u32::MAX;
-
-/// One multiply per key (the keys are ids or well-mixed hashes).
-#[derive(Default)]
-pub struct Fx(u64);
-
-impl Hasher for Fx {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(0x517c_c1b7_2722_0a95);
-        }
-    }
-    fn write_u64(&mut self, x: u64) {
-        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-}
-
-pub type FxMap<K, V> = HashMap<K, V, BuildHasherDefault<Fx>>;
 
 #[derive(Clone, Copy)]
 struct Node<V: Copy> {
@@ -38,7 +17,7 @@ struct Node<V: Copy> {
 pub struct Lists<V: Copy> {
     nodes: Vec<Node<V>>,
     free: Vec<u32>,
-    index: FxMap<u64, u32>,
+    index: IdMap<u32>, // key (as i64) -> node
     heads: [u32; 4],
     tails: [u32; 4],
     lens: [usize; 4],
@@ -49,7 +28,7 @@ impl<V: Copy> Default for Lists<V> {
         Lists {
             nodes: Vec::new(),
             free: Vec::new(),
-            index: FxMap::default(),
+            index: IdMap::default(),
             heads: [NIL; 4],
             tails: [NIL; 4],
             lens: [0; 4],
@@ -60,7 +39,7 @@ impl<V: Copy> Default for Lists<V> {
 impl<V: Copy> Lists<V> {
     #[inline]
     pub fn find(&self, key: u64) -> Option<u32> {
-        self.index.get(&key).copied()
+        self.index.get(&(key as i64)).copied()
     }
 
     /// The list `key` is in.
@@ -183,7 +162,7 @@ impl<V: Copy> Lists<V> {
                 (self.nodes.len() - 1) as u32
             }
         };
-        let old = self.index.insert(key, i);
+        let old = self.index.insert(key as i64, i);
         debug_assert!(old.is_none(), "a key in two lists");
         i
     }
@@ -211,7 +190,7 @@ impl<V: Copy> Lists<V> {
     pub fn remove(&mut self, i: u32) -> (u64, V) {
         self.unlink(i);
         let Node { key, val, .. } = self.nodes[i as usize];
-        self.index.remove(&key);
+        self.index.remove(&(key as i64));
         self.free.push(i);
         (key, val)
     }
