@@ -26,7 +26,7 @@ from rich.table import Table
 
 from infra.brokers import Broker, broker_from_env
 from infra.postgres import postgres_from_env
-from schemas.events import CacheAccessed, HeatScored
+from schemas.events import CacheAccessed, HeatScored, record_events
 from schemas.topics import qualified
 from schemas.wire import decode
 from services.heat.service import HeatService
@@ -79,14 +79,14 @@ async def _run(broker: Broker, dsn: str, events: int, rate: float) -> Row:
             now = time.monotonic()
             for records in batch.values():
                 for record in records:
-                    scored = decode(record.value)
-                    if (
-                        isinstance(scored, HeatScored)
-                        and scored.key in sent_at
-                        and scored.key not in latency_ms
-                    ):
-                        latency_ms[scored.key] = (now - sent_at[scored.key]) * 1000
-                        arrived.set()
+                    for scored in record_events(decode(record.value)):
+                        if (
+                            isinstance(scored, HeatScored)
+                            and scored.key in sent_at
+                            and scored.key not in latency_ms
+                        ):
+                            latency_ms[scored.key] = (now - sent_at[scored.key]) * 1000
+                            arrived.set()
 
     async def until_decided(keys: set[str], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s

@@ -32,7 +32,8 @@ from cachemesh_client.valuecodec import encode
 from infra.demo_report import MEANING, DemoReport
 from infra.mesh_state import MeshState
 from infra.paths import shared_data_dir
-from schemas.events import CacheAccessed, Event, new_event_id
+from schemas.events import CacheAccessed, Event
+from schemas.ids import new_event_id
 
 Progress = Callable[[str, int], None]
 

@@ -19,6 +19,7 @@ from schemas.events import (
     Event,
     EvictionRequested,
     HeatScored,
+    HeatScoredBatch,
     InvalidationRecorded,
     KvBlockRemoved,
     KvBlockStored,
@@ -145,6 +146,30 @@ GOLDEN_EVENTS: tuple[Event, ...] = (
         cluster=7,
         model_version=12,
         node_id="heat-0",
+    ),
+    HeatScoredBatch(
+        event_id="0" * 31 + "7",
+        occurred_at_ms=_T0 + 1,
+        key="model:llama-3-8b:v1:9f86d081",
+        events=[
+            HeatScored(
+                event_id="0" * 31 + "8",
+                occurred_at_ms=_T0,
+                key="model:llama-3-8b:v1:9f86d081",
+                score=0.87,
+                decision="keep",
+                model_version=12,
+            ),
+            HeatScored(
+                event_id="0" * 31 + "9",
+                occurred_at_ms=_T0 + 1,
+                key="model:llama-3-8b:v1:3c2a9e17",
+                score=0.02,
+                decision="evict",
+                cluster=7,
+                model_version=12,
+            ),
+        ],
     ),
     WindowComputed(
         event_id=_ID,

@@ -13,6 +13,7 @@ from schemas.events import (
     DriftClustered,
     Event,
     HeatScored,
+    HeatScoredBatch,
     InvalidationRecorded,
     TierModeChanged,
     WarmupApplied,
@@ -150,17 +151,18 @@ class Board:
             if len(self.drift) > self.max_rows:
                 oldest = min(self.drift, key=lambda k: self.drift[k]["window_end_ms"])
                 del self.drift[oldest]
-        elif isinstance(event, HeatScored):
-            self.totals["heat_decisions"] += 1
-            self.heat.appendleft(
-                {
-                    "at_ms": event.occurred_at_ms,
-                    "key": event.key,
-                    "decision": event.decision,
-                    "score": round(event.score, 3),
-                    "model_version": event.model_version,
-                }
-            )
+        elif isinstance(event, HeatScored | HeatScoredBatch):
+            for decision in event.events if isinstance(event, HeatScoredBatch) else [event]:
+                self.totals["heat_decisions"] += 1
+                self.heat.appendleft(
+                    {
+                        "at_ms": decision.occurred_at_ms,
+                        "key": decision.key,
+                        "decision": decision.decision,
+                        "score": round(decision.score, 3),
+                        "model_version": decision.model_version,
+                    }
+                )
         elif isinstance(event, WarmupDecided):
             self.totals["warmup_decisions"] += 1
             self.warmups.appendleft(

@@ -9,27 +9,38 @@ owner are forgotten (engine.py's `forget`; docs/heat.md, "More than one heat ser
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from contextlib import AsyncExitStack
 from typing import Any
 
 from aiokafka import TopicPartition
-from aiokafka.partitioner import murmur2
 from prometheus_client import Counter, Gauge
 
 from policies.learned.compiled import CompiledHeat
-from schemas.events import AttentionHeatReported, CacheAccessed, ConversationEnded, KvBlockStored
+from schemas.events import (
+    AttentionHeatReported,
+    CacheAccessed,
+    ConversationEnded,
+    HeatScored,
+    HeatScoredBatch,
+    KvBlockStored,
+    heat_batch,
+)
 from schemas.topics import qualified
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine, Origin
 from services.heat.settings import HeatSettings
+from services.runtime import metrics
 from services.runtime.kafka import Delivery, EventConsumer
 from services.runtime.model_store import PostgresModelStore
-from services.runtime.publisher import EventPublisher
+from services.runtime.publisher import EventPublisher, partition_groups, partition_hash
 from services.runtime.service import Loop, Service
 
 log = logging.getLogger(__name__)
+# Decisions handed to the producer between two turns of the event loop.
+_PUBLISH_SLICE = 4096
 
 DECISIONS = Counter("cachemesh_heat_decisions_total", "heat.scores.v1 decisions published", ["decision"])
 TRACKED = Gauge("cachemesh_heat_tracked_entries", "Entries the heat policy tracks")
@@ -151,7 +162,7 @@ class HeatService(Service):
             self._kv_partitions = self._keyed.partition_count(self._kv_topic)
         if not self._kv_partitions:
             return False
-        return (murmur2(parent.encode()) & 0x7FFFFFFF) % self._kv_partitions not in self._kv_owned
+        return partition_hash(parent.encode()) % self._kv_partitions not in self._kv_owned
 
     async def _rescore_loop(self) -> None:
         interval = self.heat_settings.rescore_interval_ms / 1000
@@ -166,9 +177,9 @@ class HeatService(Service):
                 decisions = self.engine.rescore(
                     self.engine.last_event_ms, self.heat_settings.max_decisions_per_round
                 )
-            for decision in decisions:
-                await self._publisher.publish(decision, wait=False)
-                DECISIONS.labels(decision.decision).inc()
+            await self._publish(decisions)
+            for decision, count in collections.Counter(d.decision for d in decisions).items():
+                metrics.child(DECISIONS, decision).inc(count)
             TRACKED.set(len(self.engine.policy))
             MODEL_STEPS.set(self.engine.policy.scorer.steps)
             chain = self.engine.policy.chain_reuse
@@ -179,6 +190,21 @@ class HeatService(Service):
             if guard is not None:
                 CHAIN_TERM.set(guard.state().term_on)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def _publish(self, decisions: list[HeatScored]) -> None:
+        """A round's decisions, as batch records of one partition's decisions each (per-key order
+        holds), filled into one producer batch per partition; a slice at a time, so the event loop
+        turns between slices."""
+        publisher, per_record = self._publisher, self.heat_settings.decisions_per_record
+        assert publisher is not None
+        for start in range(0, len(decisions), _PUBLISH_SLICE):
+            chunk = decisions[start : start + _PUBLISH_SLICE]
+            records: list[HeatScored | HeatScoredBatch] = list(chunk)
+            if per_record > 1:
+                partitions = await publisher.partitions_of_keys(HeatScored, [d.key for d in chunk])
+                groups = partition_groups(chunk, partitions, per_record)
+                records = [heat_batch(group) if len(group) > 1 else group[0] for group in groups]
+            await publisher.publish_many(records, wait=False)
 
     async def _checkpoint_loop(self) -> None:
         while True:

@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from schemas.events import MAX_HEAT_BATCH
 from services.runtime.settings import ServiceSettings
 
 
@@ -34,6 +35,9 @@ class HeatSettings(ServiceSettings):
     threads: Annotated[int, Field(ge=1)] = 1
     # Bound on decisions published per re-score round; the rest wait for the next round.
     max_decisions_per_round: Annotated[int, Field(gt=0)] = 10_000
+    # Decisions per record: a round's decisions go out as `HeatScoredBatch` records of up to this many,
+    # one partition's each (a lone decision as a `HeatScored`); 1: one `HeatScored` record each.
+    decisions_per_record: Annotated[int, Field(ge=1, le=MAX_HEAT_BATCH)] = 128
 
     @property
     def checkpoint_name(self) -> str:

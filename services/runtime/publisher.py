@@ -7,9 +7,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from aiokafka import AIOKafkaProducer
-from aiokafka.partitioner import murmur2
+from murmurhash2 import murmurhash2
 
 from schemas.events import Event
 from schemas.topics import qualified
@@ -19,6 +20,7 @@ from services.runtime.acks import Unacked
 from services.runtime.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
+_E = TypeVar("_E")
 
 # Room for the record's key, headers and batch framing on top of the payload bound.
 RECORD_OVERHEAD_BYTES = 16 * 1024
@@ -26,12 +28,27 @@ RECORD_OVERHEAD_BYTES = 16 * 1024
 # record must fit whatever the broker accepted in the first place.
 _MAX_REQUEST_BYTES = 16 * 1024 * 1024
 # `publish_many` places records as the producer's `DefaultPartitioner` does for `send`, so both agree.
-# Keys whose murmur2 hash the publisher remembers (aiokafka's murmur2 is pure Python: 4.7 us a key, more
-# than building the event; a tier node's access events repeat its hot keys). Cleared when full.
-_KEY_HASHES_MAX = 65_536
+_MURMUR2_SEED = 0x9747B28C  # Kafka's (and aiokafka's) murmur2 seed
 # How long the publisher's copy of a topic's partition list holds before it asks the producer's
 # metadata again (which aiokafka itself refreshes every `metadata_max_age_ms`, or on an error).
 _PARTITIONS_TTL_S = 1.0
+
+
+def partition_hash(key: bytes) -> int:
+    """The default partitioner's hash of `key` (murmur2, positive): its partition is this modulo the
+    topic's partition count, as Kafka's and aiokafka's `DefaultPartitioner` pick it."""
+    return murmurhash2(key, _MURMUR2_SEED) & 0x7FFFFFFF
+
+
+def partition_groups(events: Sequence[_E], partitions: Sequence[int], per_record: int) -> list[list[_E]]:
+    """`events` in runs of at most `per_record` that share a partition (`partitions[i]` is event i's),
+    each run in the events' order: the contents of one batch record each, so per-key order holds."""
+    by_partition: dict[int, list[_E]] = {}
+    for event, partition in zip(events, partitions, strict=True):
+        by_partition.setdefault(partition, []).append(event)
+    return [
+        group[i : i + per_record] for group in by_partition.values() for i in range(0, len(group), per_record)
+    ]
 
 
 class EventTooLarge(ValueError):
@@ -44,7 +61,6 @@ class EventPublisher:
         self._client_id = client_id or settings.client_id
         self._producer: AIOKafkaProducer | None = None
         self._unacked = Unacked(self._on_settled)
-        self._key_hashes: dict[bytes, int] = {}
         # Per event class: its topic and its `event_type` header.
         self._routes: dict[type[Event], tuple[str, tuple[str, bytes]]] = {}
         # Per topic: (monotonic time until which it holds, its partitions), for `_partition`.
@@ -93,11 +109,11 @@ class EventPublisher:
         acknowledged it, or with the error (the producer gave up: its request timeout).
         """
         name, record_key, payload, record_headers = self._record(event, topic, key, headers)
-        # The partition is picked here, as the producer's default partitioner would, from the
-        # hashes and partition lists kept below: its own pass re-hashes the key in pure Python and
-        # builds two sets of the topic's partitions on every send.
+        # The partition is picked here, as the producer's default partitioner would, by
+        # `partition_hash` from the partition list kept below: its own pass hashes the key in pure
+        # Python and builds two sets of the topic's partitions on every send.
         partitions = self._fresh_partitions(name) or await self._partitions_of(name)
-        partition = partitions[self._key_hash(record_key) % len(partitions)]
+        partition = partitions[partition_hash(record_key) % len(partitions)]
         future: asyncio.Future[object] = await self._require_producer().send(
             name, value=payload, key=record_key, partition=partition, headers=record_headers
         )
@@ -119,12 +135,12 @@ class EventPublisher:
         """`partitions_of` for events of `event_type` keyed `keys`, without the events."""
         name = qualified(event_type.topic, self._settings.topic_namespace)
         partitions = await self._partitions_of(name)
-        return [partitions[self._key_hash(key.encode()) % len(partitions)] for key in keys]
+        return [partitions[partition_hash(key.encode()) % len(partitions)] for key in keys]
 
     async def _partition(self, name: str, key: bytes) -> int:
         """The default partitioner's choice for `key` on topic `name`."""
         partitions = await self._partitions_of(name)
-        return partitions[self._key_hash(key) % len(partitions)]
+        return partitions[partition_hash(key) % len(partitions)]
 
     async def _partitions_of(self, name: str) -> list[int]:
         """Topic `name`'s partitions in the order the default partitioner indexes them, as the
@@ -139,16 +155,6 @@ class EventPublisher:
         """Topic `name`'s partitions if the publisher's copy still holds, else None."""
         cached = self._partitions.get(name)
         return cached[1] if cached is not None and cached[0] > time.monotonic() else None
-
-    def _key_hash(self, key: bytes) -> int:
-        """The default partitioner's hash of `key` (murmur2, positive): its partition is this modulo the
-        topic's partition count, as `DefaultPartitioner` picks it."""
-        hashed = self._key_hashes.get(key)
-        if hashed is None:
-            if len(self._key_hashes) >= _KEY_HASHES_MAX:
-                self._key_hashes.clear()
-            hashed = self._key_hashes[key] = murmur2(key) & 0x7FFFFFFF
-        return hashed
 
     async def publish_many(
         self, events: Sequence[Event], *, wait: bool = True, headers: list[tuple[str, bytes]] | None = None

@@ -11,10 +11,10 @@ import logging
 import time
 
 from schemas.events import CacheAccessBatch, CacheInvalidated
-from services.runtime.publisher import EventPublisher
+from services.runtime.publisher import EventPublisher, partition_groups
 from services.tiers.l1.cache import monotonic_ms
 from services.tiers.l3.store import PostgresL3Store
-from services.tiers.node.outbox import AccessRecord, Outbox, access_batch_json
+from services.tiers.node.outbox import Outbox, access_batch_json
 from services.tiers.node.tiered import TieredCache
 from services.tiers.settings import TiersSettings
 
@@ -127,16 +127,10 @@ class EventRelay:
                 if per_record > 1:
                     # One batch record per partition (and per `per_record` events): per-key order holds.
                     # Encoded straight from the records, no model per event; one producer batch each.
-                    by_partition: dict[int, list[AccessRecord]] = {}
                     keys = [r.key for r in chunk]
                     partitions = await self.publisher.partitions_of_keys(CacheAccessBatch, keys)
-                    for record, partition in zip(chunk, partitions, strict=True):
-                        by_partition.setdefault(partition, []).append(record)
-                    items = [
-                        (group[i].key, access_batch_json(group[i : i + per_record], node))
-                        for group in by_partition.values()
-                        for i in range(0, len(group), per_record)
-                    ]
+                    groups = partition_groups(chunk, partitions, per_record)
+                    items = [(group[0].key, access_batch_json(group, node)) for group in groups]
                     await self.publisher.publish_encoded(CacheAccessBatch, items, wait=False)
                 else:
                     await self.publisher.publish_many([record.event(node) for record in chunk], wait=False)

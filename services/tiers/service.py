@@ -20,6 +20,7 @@ from schemas.events import (
     ConversationEnded,
     EvictionRequested,
     HeatScored,
+    HeatScoredBatch,
     PromotionRequested,
     TierModeChanged,
     WarmupApplied,
@@ -395,8 +396,9 @@ class TiersService(Service):
         if cache is None:
             return
         delay_ms = self._warmup_delay_ms(event) if isinstance(event, WarmupRequested) else 0
-        if isinstance(event, HeatScored):
-            cache.on_heat(event)
+        if isinstance(event, HeatScored | HeatScoredBatch):
+            for decision in event.events if isinstance(event, HeatScoredBatch) else [event]:
+                cache.on_heat(decision)
         elif delay_ms > 0:
             # Started at its time in the background, so the commands and decisions behind it wait for
             # nothing (a prefetch lost in a crash costs only a miss).

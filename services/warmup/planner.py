@@ -21,6 +21,7 @@ from schemas.events import (
     DriftClustered,
     Event,
     HeatScored,
+    HeatScoredBatch,
     KvBlockRemoved,
     KvBlockStored,
     RequestPenetrated,
@@ -152,6 +153,8 @@ class WarmupPlanner:
             return self._turns_measured(event.occurred_at_ms)
         elif isinstance(event, HeatScored):
             return self.on_heat(event)
+        elif isinstance(event, HeatScoredBatch):
+            return [out for decision in event.events for out in self.on_heat(decision)]
         elif isinstance(event, ConversationEnded):
             self.conversations.ended(event.trace_id)
         return []

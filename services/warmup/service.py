@@ -27,7 +27,7 @@ from schemas.events import (
     WarmupMeasured,
     WarmupRequested,
     WindowComputed,
-    access_events,
+    record_events,
 )
 from services.runtime.kafka import Delivery
 from services.runtime.model_store import PostgresModelStore
@@ -109,7 +109,7 @@ class WarmupService(Service):
             rising, self.planner.rising = self.planner.rising, []
         for key, at_ms in rising:
             out += await self._semantic_neighbours(key, at_ms)
-        self.events_applied += len(access_events(event))
+        self.events_applied += len(record_events(event))
         await self._publish(out)
 
     def _plan_heads(self, event: AttentionHeatReported) -> list[Event]:

@@ -12,7 +12,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer
 
 from policies.learned.features import N_FEATURES
-from schemas.events import CacheAccessed, HeatScored, KvBlockStored
+from schemas.events import CacheAccessed, HeatScored, HeatScoredBatch, KvBlockStored, record_events
 from schemas.topics import qualified
 from schemas.wire import decode
 from services.heat.service import HeatService
@@ -48,16 +48,24 @@ async def test_every_access_event_becomes_a_heat_decision(kafka, namespace, topi
     await publisher.start()
     sent = {"warm-up"} | {f"prompt-{i}" for i in range(200)}
     decided: set[str] = set()
+    batches = 0
     async with HeatService(settings) as service:
         runner = asyncio.create_task(service.run())
 
         async def read() -> None:
+            nonlocal batches
             while not sent <= decided:
                 for records in (await reader.getmany(timeout_ms=200)).values():
                     for record in records:
-                        scored = decode(record.value)
-                        assert isinstance(scored, HeatScored)
-                        decided.add(scored.key)
+                        got = decode(record.value)
+                        assert isinstance(got, HeatScored | HeatScoredBatch)
+                        batches += isinstance(got, HeatScoredBatch)
+                        for scored in record_events(got):
+                            assert isinstance(scored, HeatScored)
+                            # Every decision on its key's partition, as a record of its own would be.
+                            [home] = await publisher.partitions_of_keys(HeatScored, [scored.key])
+                            assert home == record.partition
+                            decided.add(scored.key)
 
         reading = asyncio.create_task(read())
         await publisher.publish(CacheAccessed(key="warm-up", hit=False))
@@ -72,6 +80,7 @@ async def test_every_access_event_becomes_a_heat_decision(kafka, namespace, topi
     await reader.stop()
 
     assert sent <= decided
+    assert batches > 0  # a round's decisions go out several to a record
     assert health["healthy"] and health["tracked_entries"] == 201  # with the warm-up key
 
 

@@ -29,7 +29,7 @@ from schemas.events import (
     EvictionRequested,
     HeatScored,
     WarmupRequested,
-    access_events,
+    record_events,
 )
 from schemas.topics import qualified
 from schemas.wire import decode
@@ -96,7 +96,7 @@ async def read_events(bootstrap: str, topic: str, at_least: int, timeout_s: floa
         while len(events) < at_least and time.monotonic() < deadline:
             for records in (await reader.getmany(timeout_ms=500)).values():
                 # A batch record stands for its events (tiers sends accesses in CacheAccessBatch records).
-                events.extend(e for r in records for e in access_events(decode(r.value)))
+                events.extend(e for r in records for e in record_events(decode(r.value)))
     finally:
         await reader.stop()
     return events

@@ -18,7 +18,8 @@ from typing import NamedTuple
 
 import orjson
 
-from schemas.events import SCHEMA_VERSION, CacheAccessed, CacheInvalidated, EntryKind, Tier, new_event_ids
+from schemas.events import SCHEMA_VERSION, CacheAccessed, CacheInvalidated, EntryKind, Tier
+from schemas.ids import new_event_ids
 
 
 class AccessRecord(NamedTuple):  # a tuple: one is built per lookup (0.57 us; a frozen dataclass 1.37)

@@ -7,7 +7,8 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from schemas.events import CacheInvalidated, Tier, new_event_id
+from schemas.events import CacheInvalidated, Tier
+from schemas.ids import new_event_id
 from services.tiers.entry import Entry, EntryMeta
 from services.tiers.node.placement import Placement
 from services.tiers.ports import L3Rejected, StampTaken

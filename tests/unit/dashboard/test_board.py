@@ -15,6 +15,7 @@ from schemas.events import (
     WarmupDecided,
     WarmupMeasured,
     WindowComputed,
+    heat_batch,
 )
 from services.dashboard.board import Board, Series
 from services.dashboard.settings import DashboardSettings
@@ -139,6 +140,17 @@ def test_events_become_series_and_rows() -> None:
     assert snap["series"]["invalidations"]["dependants"] == [2]
     assert snap["mode_changes"][0]["mode"] == "local_only"
     assert snap["totals"]["invalidated_keys"] == 2 and snap["totals"]["heat_decisions"] == 3
+
+
+def test_a_heat_batch_shows_as_its_decisions() -> None:
+    board = Board(max_rows=3)
+    board.observe(HeatScored(key="k0", score=0.5, decision="keep"))
+    board.observe(
+        heat_batch([HeatScored(key=f"k{i}", score=0.1 * i, decision="keep_alive") for i in range(1, 4)])
+    )
+    snap = board.snapshot(5_000)
+    assert [r["key"] for r in snap["heat"]] == ["k3", "k2", "k1"]  # newest first, bounded
+    assert snap["heat"][0]["decision"] == "keep_alive" and snap["totals"]["heat_decisions"] == 4
 
 
 def test_series_are_bounded() -> None:

@@ -1,28 +1,24 @@
-"""`EventPublisher` places `publish_many`'s records with a remembered murmur2 per key: the same partition
-as the producer's `DefaultPartitioner` picks for `send`, for any key and partition count, also after the
-memory is cleared when full."""
+"""`partition_hash` (murmur2 in C) places a record where the producer's `DefaultPartitioner` (aiokafka's
+murmur2 in Python) does for `send`, for any key and partition count: `publish`, `publish_many` and the heat
+service's ownership check all pick partitions by it."""
 
 from __future__ import annotations
 
 import random
 
-from aiokafka.partitioner import DefaultPartitioner
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 
-from services.runtime import publisher as publisher_module
-from services.runtime.publisher import EventPublisher
-from services.runtime.settings import KafkaSettings
+from services.runtime.publisher import partition_hash
 
 
-def test_the_remembered_hash_places_a_key_where_the_default_partitioner_does(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(publisher_module, "_KEY_HASHES_MAX", 50)
-    publisher = EventPublisher(KafkaSettings(bootstrap="127.0.0.1:1"))
+def test_the_partition_hash_places_a_key_where_the_default_partitioner_does() -> None:
     default = DefaultPartitioner()
     rng = random.Random(7)
-    keys = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))) for _ in range(300)]
+    keys = [bytes(rng.randrange(256) for _ in range(rng.randrange(0, 40))) for _ in range(2000)]
     keys += [f"model:demo:v1:key-{i}".encode() for i in range(100)]
-    for _ in range(2):  # the second time from memory (and through clears: 400 keys, room for 50)
+    keys += [str(2**63 - i).encode() for i in range(100)]  # block hashes
+    for key in keys:
+        assert partition_hash(key) == murmur2(key) & 0x7FFFFFFF
         for count in (1, 3, 6, 12):
             partitions = list(range(count))
-            for key in keys:
-                assert partitions[publisher._key_hash(key) % count] == default(key, partitions, partitions)
-    assert len(publisher._key_hashes) <= 50
+            assert partitions[partition_hash(key) % count] == default(key, partitions, partitions)

@@ -15,17 +15,21 @@ from schemas.descriptor import CacheDescriptor
 from schemas.events import (
     EVENT_TYPES,
     MAX_ACCESS_BATCH,
+    MAX_HEAT_BATCH,
     CacheAccessBatch,
     CacheAccessed,
     CacheInvalidated,
+    HeatScored,
+    HeatScoredBatch,
     access_batch,
-    access_events,
-    new_event_id,
-    new_event_ids,
+    heat_batch,
+    record_events,
 )
 from schemas.export import GOLDEN_DIR, JSONSCHEMA_DIR, golden_documents, json_schema_documents
+from schemas.ids import new_event_id, new_event_ids
 from schemas.topics import BY_NAME, CATALOGUE, dlq_name, qualified
 from schemas.wire import DecodeError, decode, encode
+from services.runtime.publisher import partition_groups
 
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))
 
@@ -131,8 +135,8 @@ def test_an_access_batch_stands_for_its_events_and_is_bounded() -> None:
     batch = access_batch(events)
     assert batch.key == "k0" and batch.occurred_at_ms == 102 and batch.topic == CacheAccessed.topic
     decoded = decode(encode(batch))
-    assert access_events(decoded) == events
-    assert access_events(events[1]) == [events[1]]
+    assert record_events(decoded) == events
+    assert record_events(events[1]) == [events[1]]
     for bad in ([], [events[0]] * (MAX_ACCESS_BATCH + 1)):
         with pytest.raises(ValidationError):
             CacheAccessBatch(key="k0", events=bad)
@@ -140,6 +144,38 @@ def test_an_access_batch_stands_for_its_events_and_is_bounded() -> None:
     raw = encode(batch).replace(b'"hit":true', b'"hit":"maybe"', 1)
     with pytest.raises(DecodeError, match="hit"):
         decode(raw)
+
+
+def test_a_heat_batch_stands_for_its_decisions_and_is_bounded() -> None:
+    decisions = [
+        HeatScored(
+            key=f"k{n}", score=n / 4, decision=("keep", "evict", "keep_alive")[n % 3], occurred_at_ms=50 + n
+        )
+        for n in range(4)
+    ]
+    batch = heat_batch(decisions)
+    assert batch.key == "k0" and batch.occurred_at_ms == 53 and batch.topic == HeatScored.topic
+    assert batch.kafka_key() == "k0"
+    assert record_events(decode(encode(batch))) == decisions
+    for bad in ([], [decisions[0]] * (MAX_HEAT_BATCH + 1)):
+        with pytest.raises(ValidationError):
+            HeatScoredBatch(key="k0", events=bad)
+    raw = encode(batch).replace(b'"decision":"evict"', b'"decision":"drop"', 1)
+    with pytest.raises(DecodeError, match="decision"):
+        decode(raw)
+
+
+def test_partition_groups_keep_each_partitions_order_in_runs_of_at_most_per_record() -> None:
+    events = list(range(10))
+    partitions = [0, 1, 0, 2, 0, 0, 1, 0, 2, 0]
+    groups = partition_groups(events, partitions, 3)
+    assert groups == [[0, 2, 4], [5, 7, 9], [1, 6], [3, 8]]
+    assert all(len({partitions[e] for e in g}) == 1 for g in groups)
+    assert sorted(e for g in groups for e in g) == events
+    assert partition_groups(events, partitions, 1) == [[e] for e in [0, 2, 4, 5, 7, 9, 1, 6, 3, 8]]
+    assert partition_groups([], [], 4) == []
+    with pytest.raises(ValueError):
+        partition_groups(events, partitions[:-1], 3)
 
 
 def test_event_ids_are_distinct_version_4_uuids_in_hex() -> None:

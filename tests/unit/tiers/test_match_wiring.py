@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from policies.recency.lru import LRU
-from schemas.events import CacheInvalidated, HeatScored, new_event_id
+from schemas.events import CacheInvalidated, HeatScored
+from schemas.ids import new_event_id
 from services.runtime.breaker import LatencyBreaker
 from services.tiers.entry import EntryMeta, encode_text
 from services.tiers.l1.cache import L1Cache

@@ -14,6 +14,7 @@ from schemas.events import (
     WarmupMeasured,
     WarmupRequested,
     WindowComputed,
+    heat_batch,
 )
 from services.warmup.planner import PlannerConfig, WarmupPlanner
 
@@ -232,6 +233,25 @@ def test_rising_heat_warms_the_cluster_neighbours_and_asks_for_semantic_ones() -
     assert out[0].keys == ["n1", "n2"]
     assert p.rising == [("h", T + 100)]
     assert commands(p.neighbours_found("h", ["h", "s1"], T + 200))[0].keys == ["s1"]
+
+
+def test_a_heat_batch_is_planned_as_its_decisions_in_order() -> None:
+    def planner() -> WarmupPlanner:
+        p = WarmupPlanner()
+        p.apply(window("*", T - 1000, 100))
+        p.apply(drift(["h", "n1", "n2"], pattern="stable", shard="*"))
+        return p
+
+    decisions = [
+        HeatScored(key="h", score=0.2, decision="keep", occurred_at_ms=T),
+        HeatScored(key="x", score=0.9, decision="keep", occurred_at_ms=T + 50),
+        HeatScored(key="h", score=0.7, decision="keep", occurred_at_ms=T + 100),
+    ]
+    one_by_one, batched = planner(), planner()
+    alone = [e for d in decisions for e in one_by_one.apply(d)]
+    together = batched.apply(heat_batch(decisions))
+    assert [c.keys for c in commands(together)] == [c.keys for c in commands(alone)] == [["n1", "n2"]]
+    assert batched.rising == one_by_one.rising == [("h", T + 100)]
 
 
 def test_delta_t_is_measured_against_the_peak_after_the_warmup() -> None:
