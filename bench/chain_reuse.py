@@ -173,6 +173,27 @@ def summarise(cells: list[Cell], weights: list[float], rates: list[int]) -> dict
     return out
 
 
+def shapes(path: Path, mixed_seeds: int) -> dict[str, Trace]:
+    """The trace shapes, by name: the dev Mooncake trace at `path`, its halves and its requests without
+    their last block, generated conversations and `mixed_seeds` mixed traces."""
+    full = read_mooncake(path)
+    n = full.requests
+    variants = {
+        "dev trace": full,
+        "first half": requests_of(full, 0, n // 2),
+        "second half": requests_of(full, n // 2, n),
+        "last block dropped": requests_of(full, 0, n, drop_tail=True),
+        "generated 0.9 / 1.0": conversations(50_000, 0.9, 1.0, seed=1),
+        "generated 0.9 / 0.0": conversations(50_000, 0.9, 0.0, seed=2),
+        "generated 0.6 / 0.5": conversations(50_000, 0.6, 0.5, seed=3),
+        "generated 1.1 / 0.3": conversations(100_000, 1.1, 0.3, seed=4),
+    }
+    for seed in range(mixed_seeds):
+        share = (0.5, 0.3, 0.7)[seed % 3]
+        variants[f"mixed {share:g} (seed {seed})"] = mixed_prefix_trace(seed, 12_000, single_share=share)
+    return variants
+
+
 def plot(cells: list[Cell], weights: list[float], path: Path) -> None:
     import matplotlib
 
@@ -208,21 +229,7 @@ def main() -> None:
     capacities = args.capacity or [2_500, 5_000, 10_000, 20_000]
     weights = sorted({float(w) for w in args.weights.split(",")}, reverse=True)
     rates = [int(r) for r in args.rates.split(",")]
-    full = read_mooncake(args.trace)
-    n = full.requests
-    variants = {
-        "dev trace": full,
-        "first half": requests_of(full, 0, n // 2),
-        "second half": requests_of(full, n // 2, n),
-        "last block dropped": requests_of(full, 0, n, drop_tail=True),
-        "generated 0.9 / 1.0": conversations(50_000, 0.9, 1.0, seed=1),
-        "generated 0.9 / 0.0": conversations(50_000, 0.9, 0.0, seed=2),
-        "generated 0.6 / 0.5": conversations(50_000, 0.6, 0.5, seed=3),
-        "generated 1.1 / 0.3": conversations(100_000, 1.1, 0.3, seed=4),
-    }
-    for seed in range(args.mixed_seeds):
-        share = (0.5, 0.3, 0.7)[seed % 3]
-        variants[f"mixed {share:g} (seed {seed})"] = mixed_prefix_trace(seed, 12_000, single_share=share)
+    variants = shapes(args.trace, args.mixed_seeds)
     console = Console(width=170)
     todo = [(name, trace, c) for name, trace in variants.items() for c in capacities]
     cells = [
