@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import track
 from rich.table import Table
 
-from bench.chain_reuse import SHIPPED, sampled, shapes
+from bench.chain_reuse import SHIPPED, grouped_bars, sampled, shapes
 from bench.policies import OUT
 from bench.prefix_bounds import TRACE
 from sim.replay import run_grid
@@ -72,25 +72,9 @@ def measure(trace: Trace, name: str, capacity: int, half_lives: list[float], rat
 
 
 def plot(cells: list[Cell], half_lives: list[float], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(cells)), 4))
-    width = 0.8 / len(half_lives)
-    for i, h in enumerate(half_lives):
-        xs = [j + i * width for j in range(len(cells))]
-        ax.bar(xs, [c.heat[f"{h:g}"] - c.best for c in cells], width, label=f"half-life {h:g}")
-    ax.axhline(0, color="black", linewidth=0.5)
-    ax.axhline(-0.5, color="red", linewidth=0.5, linestyle=":")
     labels = [f"{c.shape} @{c.capacity // 1000}k" for c in cells]
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], labels, rotation=80, fontsize=6)
-    ax.set_ylabel("points over the best baseline")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    series = {f"half-life {h:g}": [c.heat[f"{h:g}"] - c.best for c in cells] for h in half_lives}
+    grouped_bars(labels, series, "points over the best baseline", path, target=-0.5)
 
 
 def main() -> None:

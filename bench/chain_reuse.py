@@ -194,25 +194,35 @@ def shapes(path: Path, mixed_seeds: int) -> dict[str, Trace]:
     return variants
 
 
-def plot(cells: list[Cell], weights: list[float], path: Path) -> None:
+def grouped_bars(
+    labels: list[str], series: dict[str, list[float]], ylabel: str, path: Path, target: float | None = None
+) -> None:
+    """One group of bars per label (a shape at a capacity), one bar per series, saved to `path`;
+    `target`: a dotted line at that height."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(cells)), 4))
-    width = 0.8 / len(weights)
-    for i, w in enumerate(weights):
-        xs = [j + i * width for j in range(len(cells))]
-        ax.bar(xs, [c.gain[f"{w:g}"] for c in cells], width, label=f"weight {w:g}")
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(labels)), 4))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([j + i * width for j in range(len(labels))], values, width, label=name)
     ax.axhline(0, color="black", linewidth=0.5)
-    labels = [f"{c.shape} @{c.capacity // 1000}k" for c in cells]
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], labels, rotation=80, fontsize=6)
-    ax.set_ylabel("points over LRFU alone")
+    if target is not None:
+        ax.axhline(target, color="red", linewidth=0.5, linestyle=":")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, rotation=80, fontsize=6)
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot(cells: list[Cell], weights: list[float], path: Path) -> None:
+    labels = [f"{c.shape} @{c.capacity // 1000}k" for c in cells]
+    series = {f"weight {w:g}": [c.gain[f"{w:g}"] for c in cells] for w in weights}
+    grouped_bars(labels, series, "points over LRFU alone", path)
 
 
 def main() -> None:

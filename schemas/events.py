@@ -298,6 +298,14 @@ def heat_batch(events: list[HeatScored]) -> HeatScoredBatch:
     )
 
 
+def heat_decisions(event: Event) -> list[HeatScored] | None:
+    """The decisions a `heat.scores.v1` record stands for, in order (a batch's, or the decision
+    itself); None for an event of any other type."""
+    if isinstance(event, HeatScoredBatch):
+        return list(event.events)
+    return [event] if isinstance(event, HeatScored) else None
+
+
 # --- stream.window.v1 --------------------------------------------------------------------------
 
 

@@ -12,14 +12,13 @@ from typing import Any
 from schemas.events import (
     DriftClustered,
     Event,
-    HeatScored,
-    HeatScoredBatch,
     InvalidationRecorded,
     TierModeChanged,
     WarmupApplied,
     WarmupDecided,
     WarmupMeasured,
     WindowComputed,
+    heat_decisions,
 )
 
 TIERS = ("l1", "l2", "l3")
@@ -151,8 +150,8 @@ class Board:
             if len(self.drift) > self.max_rows:
                 oldest = min(self.drift, key=lambda k: self.drift[k]["window_end_ms"])
                 del self.drift[oldest]
-        elif isinstance(event, HeatScored | HeatScoredBatch):
-            for decision in event.events if isinstance(event, HeatScoredBatch) else [event]:
+        elif (decisions := heat_decisions(event)) is not None:
+            for decision in decisions:
                 self.totals["heat_decisions"] += 1
                 self.heat.appendleft(
                     {

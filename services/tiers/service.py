@@ -19,12 +19,11 @@ from schemas.events import (
     CacheInvalidated,
     ConversationEnded,
     EvictionRequested,
-    HeatScored,
-    HeatScoredBatch,
     PromotionRequested,
     TierModeChanged,
     WarmupApplied,
     WarmupRequested,
+    heat_decisions,
     now_ms,
 )
 from schemas.topics import qualified
@@ -396,8 +395,8 @@ class TiersService(Service):
         if cache is None:
             return
         delay_ms = self._warmup_delay_ms(event) if isinstance(event, WarmupRequested) else 0
-        if isinstance(event, HeatScored | HeatScoredBatch):
-            for decision in event.events if isinstance(event, HeatScoredBatch) else [event]:
+        if (decisions := heat_decisions(event)) is not None:
+            for decision in decisions:
                 cache.on_heat(decision)
         elif delay_ms > 0:
             # Started at its time in the background, so the commands and decisions behind it wait for

@@ -21,7 +21,6 @@ from schemas.events import (
     DriftClustered,
     Event,
     HeatScored,
-    HeatScoredBatch,
     KvBlockRemoved,
     KvBlockStored,
     RequestPenetrated,
@@ -30,6 +29,7 @@ from schemas.events import (
     WarmupMeasured,
     WarmupRequested,
     WindowComputed,
+    heat_decisions,
 )
 from services.warmup.budget import ByteBudget, WarmLedger
 from services.warmup.conversations import Conversations
@@ -151,10 +151,8 @@ class WarmupPlanner:
             for access in event.events:
                 self.on_access(access)
             return self._turns_measured(event.occurred_at_ms)
-        elif isinstance(event, HeatScored):
-            return self.on_heat(event)
-        elif isinstance(event, HeatScoredBatch):
-            return [out for decision in event.events for out in self.on_heat(decision)]
+        elif (decisions := heat_decisions(event)) is not None:
+            return [out for decision in decisions for out in self.on_heat(decision)]
         elif isinstance(event, ConversationEnded):
             self.conversations.ended(event.trace_id)
         return []

@@ -23,6 +23,7 @@ from schemas.events import (
     HeatScoredBatch,
     access_batch,
     heat_batch,
+    heat_decisions,
     record_events,
 )
 from schemas.export import GOLDEN_DIR, JSONSCHEMA_DIR, golden_documents, json_schema_documents
@@ -157,6 +158,8 @@ def test_a_heat_batch_stands_for_its_decisions_and_is_bounded() -> None:
     assert batch.key == "k0" and batch.occurred_at_ms == 53 and batch.topic == HeatScored.topic
     assert batch.kafka_key() == "k0"
     assert record_events(decode(encode(batch))) == decisions
+    assert heat_decisions(batch) == decisions and heat_decisions(decisions[1]) == [decisions[1]]
+    assert heat_decisions(CacheAccessed(key="k0", hit=True)) is None
     for bad in ([], [decisions[0]] * (MAX_HEAT_BATCH + 1)):
         with pytest.raises(ValidationError):
             HeatScoredBatch(key="k0", events=bad)
