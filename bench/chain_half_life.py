@@ -8,7 +8,9 @@ block, generated conversations, mixed traffic) against the best of LRU, ARC, LIR
 SIEVE (the project's replayer, prefix hits: a request hits up to its first missing block), in points of
 prefix hits. "mini picks": the half-life a miniature (SHARDS: 1 request in `--rate` by its root block, at
 capacity / rate) finds best, and the full-size hits at that half-life, what an online choice by
-miniatures could reach; "hindsight": the best half-life at full size.
+miniatures could reach; "hindsight": the best half-life at full size; "ships": what heat does, its
+guard's miniatures moving the half-life online among 3, 10 and 30 (`policies/learned/guard.py`), with the
+half-life it ended at and how often it moved. (The fixed columns keep the half-life fixed.)
 
     .venv/bin/python -m bench.chain_half_life [--trace PATH] [--capacity 2500 ...]
         [--half-lives 1,3,10,30] [--rate 10] [--mixed-seeds 3] [--out bench/results/chain_half_life.json]
@@ -45,12 +47,24 @@ class Cell:
     best_policy: str
     mini_pick: float  # the half-life the miniature found best
     hindsight: float  # the half-life best at full size
+    ships: float  # prefix hits (%) with the half-life moved online, as heat ships
+    ships_half_life: float  # ... the half-life it ended at
+    ships_switches: int  # ... and how often it moved
 
 
 def heat_hits(trace: Trace, capacity: int, half_life: float) -> float:
-    """Prefix hits (%) of chain-mode heat as it ships, at `half_life`."""
-    core = ChainHeat(capacity, chain_reuse_weight=SHIPPED, chain_half_life=half_life)
+    """Prefix hits (%) of chain-mode heat as it ships, at a fixed `half_life`."""
+    core = ChainHeat(capacity, chain_reuse_weight=SHIPPED, chain_half_life=half_life, chain_half_lives=[])
     return 100 * float(core.replay_prefix(trace.keys, trace.starts, trace.times_ms).mean())
+
+
+def shipped_hits(trace: Trace, capacity: int) -> tuple[float, float, int]:
+    """Prefix hits (%) of chain-mode heat as it ships (the half-life moved online), the half-life it
+    ended at and how many times it moved."""
+    core = ChainHeat(capacity, chain_reuse_weight=SHIPPED)
+    hits = 100 * float(core.replay_prefix(trace.keys, trace.starts, trace.times_ms).mean())
+    state = core.guard_state()
+    return (hits, 3.0, 0) if state is None else (hits, state[6], state[7])
 
 
 def measure(trace: Trace, name: str, capacity: int, half_lives: list[float], rate: int) -> Cell:
@@ -60,6 +74,7 @@ def measure(trace: Trace, name: str, capacity: int, half_lives: list[float], rat
     results = run_grid(trace, BASELINES, [capacity])
     best = max(results, key=lambda r: r.hit_rate)
     full = [heat[f"{h:g}"] for h in half_lives]
+    ships = shipped_hits(trace, capacity)
     return Cell(
         name,
         capacity,
@@ -68,12 +83,14 @@ def measure(trace: Trace, name: str, capacity: int, half_lives: list[float], rat
         best.policy,
         half_lives[int(np.argmax(on_mini))],
         half_lives[int(np.argmax(full))],
+        *ships,
     )
 
 
 def plot(cells: list[Cell], half_lives: list[float], path: Path) -> None:
     labels = [f"{c.shape} @{c.capacity // 1000}k" for c in cells]
     series = {f"half-life {h:g}": [c.heat[f"{h:g}"] - c.best for c in cells] for h in half_lives}
+    series["moved online (ships)"] = [c.ships - c.best for c in cells]
     grouped_bars(labels, series, "points over the best baseline", path, target=-0.5)
 
 
@@ -97,7 +114,9 @@ def main() -> None:
         measure(trace, name, c, half_lives, args.rate)
         for name, trace, c in track(todo, description="replaying", console=console, transient=True)
     ]
-    table = Table("shape", "capacity", "best baseline (%)", *[f"hl={h:g}" for h in half_lives], "mini picks")
+    table = Table(
+        "shape", "capacity", "best baseline (%)", *[f"hl={h:g}" for h in half_lives], "mini picks", "ships"
+    )
     table.title = "heat's chain mode at each half-life: points over the best baseline (-0.5: the target)"
     for c in cells:
         picked = c.heat[f"{c.mini_pick:g}"] - c.best
@@ -107,6 +126,7 @@ def main() -> None:
             f"{c.best:.2f} ({c.best_policy})",
             *[f"{c.heat[f'{h:g}'] - c.best:+.2f}" for h in half_lives],
             f"{c.mini_pick:g}: {picked:+.2f}",
+            f"{c.ships - c.best:+.2f} (hl {c.ships_half_life:g}, {c.ships_switches} moves)",
         )
     console.print(table)
     summary: dict[str, dict[str, float]] = {}
@@ -117,8 +137,12 @@ def main() -> None:
             "worst": min(gaps),
             "cells_below_target": sum(g < -0.5 for g in gaps),
         }
-    for name, pick in (("mini picks", "mini_pick"), ("hindsight", "hindsight")):
-        gaps = [c.heat[f"{getattr(c, pick):g}"] - c.best for c in cells]
+    picks = {
+        "mini picks": [c.heat[f"{c.mini_pick:g}"] - c.best for c in cells],
+        "hindsight": [c.heat[f"{c.hindsight:g}"] - c.best for c in cells],
+        "ships": [c.ships - c.best for c in cells],
+    }
+    for name, gaps in picks.items():
         summary[name] = {
             "mean": float(np.mean(gaps)),
             "worst": min(gaps),

@@ -14,6 +14,7 @@ class ChainHeat:
         chain_reuse: bool = True,
         chain_reuse_weight: float = 0.5,
         chain_half_life: float = 3.0,
+        chain_half_lives: list[float] = [3.0, 10.0, 30.0],
         rescore_ms: int = 100,
         rescore_accesses: int | None = None,
         neighbour_tau: float = 0.1,
@@ -115,8 +116,9 @@ class ChainHeat:
         self, tag: npt.NDArray[np.int64], last: npt.NDArray[np.int64], crf: npt.NDArray[np.float32]
     ) -> None: ...
     def load_sketch(self, table: bytes, door: bytes, additions: int, resets: int) -> None: ...
-    def guard_state(self) -> tuple[bool, int, int, int, int, int] | None:
-        """(term on, windows, windows off, sampled accesses, hits with the term, hits without)."""
+    def guard_state(self) -> tuple[bool, int, int, int, int, int, float, int] | None:
+        """(term on, windows, windows off, sampled accesses, hits with the term, hits without,
+        half-life in use, half-life switches)."""
     def reuse_counts(self) -> tuple[list[float], list[float], int] | None: ...
     def load_reuse(self, yes: tuple[float, float], seen: tuple[float, float], labels: int) -> None: ...
     def load_reuse_pending(self, pending: list[tuple[int, int]], order: list[tuple[int, int]]) -> None: ...

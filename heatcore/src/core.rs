@@ -4,7 +4,6 @@
 //! replay both); one struct of arrays indexed by slot, no object per entry.
 
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::ghost::Ghosts;
 use crate::guard::{root_sampled, Guard};
@@ -31,25 +30,6 @@ pub const KEEP: u8 = 1;
 pub const KEEP_ALIVE: u8 = 2;
 pub const EVICT: u8 = 3;
 
-/// Integer keys hash with one multiply (they are block hashes or dense ids already).
-#[derive(Default)]
-pub struct IdHasher(u64);
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
-        }
-    }
-    fn write_i64(&mut self, n: i64) {
-        let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = h ^ (h >> 29);
-    }
-}
-pub type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
-
 /// 2^x by libm's `pow`, as Python's `2.0 ** x` computes it (a constant base 2 would be compiled
 /// into `exp2`, which may round the last bit differently).
 fn pow2(x: f64) -> f64 {
@@ -69,6 +49,8 @@ pub struct Params {
     pub chain_reuse: bool,
     pub chain_reuse_weight: f64,
     pub chain_half_life: f64,
+    /// The half-lives the guard's miniatures compare (guard.rs; the core follows the best)
+    pub chain_half_lives: Vec<f64>,
     pub rescore_ms: i64,
     pub rescore_accesses: i64,
     pub neighbour_tau: f32,
@@ -349,17 +331,31 @@ impl Core {
 
     /// `sampled`: the block's chain is in the guard's sample (which hears the block's `size` too).
     fn hear_chain(&mut self, key: i64, parent: Option<i64>, sampled: bool, size: u32) {
+        let mut half_life = None;
         if let Some(r) = self.reuse.as_mut() {
             r.heard(key, self.tick);
             if let Some(p) = parent {
                 r.extended(p);
             }
             if let (true, Some(g)) = (sampled, self.guard.as_mut()) {
-                if let Some(on) = g.heard(key, parent, self.now_ms, size) {
+                let change = g.heard(key, parent, self.now_ms, size);
+                if let Some(on) = change.term {
                     r.set_weight(if on { self.p.chain_reuse_weight } else { 0.0 });
                 }
+                half_life = change.half_life;
             }
         }
+        if let Some(h) = half_life {
+            self.set_half_life(h);
+        }
+    }
+
+    /// LRFU's half-life, in capacities of accesses: the leaf queue is rebuilt at the new rate.
+    pub fn set_half_life(&mut self, half_life: f64) {
+        self.p.chain_half_life = half_life;
+        self.lam = 1.0 / (half_life * self.p.capacity as f64);
+        self.leaves.clear();
+        self.start_chains();
     }
 
     fn apply_meta(&mut self, s: usize, meta: &Meta) {

@@ -1,6 +1,28 @@
 //! Key -> slot: open addressing over slot numbers only (the keys live in the entry table), linear
 //! probing, backward-shift deletion. Sized once for every slot at a load of at most one half.
 
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Integer keys hash with one multiply (they are block hashes or dense ids already).
+#[derive(Default)]
+pub struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ *b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    fn write_i64(&mut self, n: i64) {
+        let h = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 29);
+    }
+}
+pub type IdMap<V> = HashMap<i64, V, BuildHasherDefault<IdHasher>>;
+
 pub struct KeyIndex {
     cells: Vec<u32>, // 0: empty, else slot + 1
     mask: usize,

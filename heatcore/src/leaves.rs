@@ -64,6 +64,13 @@ impl Leaves {
         }
     }
 
+    pub fn clear(&mut self) {
+        for item in &self.items {
+            self.pos[item.slot as usize] = NONE;
+        }
+        self.items.clear();
+    }
+
     pub fn remove(&mut self, slot: u32) {
         let at = self.pos[slot as usize];
         if at == NONE {

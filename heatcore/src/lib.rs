@@ -40,7 +40,7 @@ fn meta(trace: Option<i32>, ttl_ms: Option<i64>, cluster: Option<i64>) -> Meta {
 impl ChainHeat {
     #[new]
     #[pyo3(signature = (capacity, *, seed=0, chain_reuse=true, chain_reuse_weight=0.5, chain_half_life=3.0,
-        rescore_ms=100, rescore_accesses=None, neighbour_tau=0.1, cold_cluster=0.05,
+        chain_half_lives=vec![3.0, 10.0, 30.0], rescore_ms=100, rescore_accesses=None, neighbour_tau=0.1, cold_cluster=0.05,
         prior_recency=0.5, chain_guard=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -49,6 +49,7 @@ impl ChainHeat {
         chain_reuse: bool,
         chain_reuse_weight: f64,
         chain_half_life: f64,
+        chain_half_lives: Vec<f64>,
         rescore_ms: i64,
         rescore_accesses: Option<i64>,
         neighbour_tau: f32,
@@ -67,6 +68,7 @@ impl ChainHeat {
             chain_reuse,
             chain_reuse_weight,
             chain_half_life,
+            chain_half_lives,
             rescore_ms,
             rescore_accesses: rescore_accesses.unwrap_or(capacity / 8),
             neighbour_tau,
@@ -406,8 +408,9 @@ impl ChainHeat {
             .map_err(PyValueError::new_err)
     }
 
-    /// The guard of the learned term (`guard.GuardState`'s fields), None without one.
-    fn guard_state(&self) -> Option<(bool, u64, u64, u64, u64, u64)> {
+    /// The guard of the learned term and the half-life (`guard.GuardState`'s fields), None without one.
+    #[allow(clippy::type_complexity)]
+    fn guard_state(&self) -> Option<(bool, u64, u64, u64, u64, u64, f64, u64)> {
         self.core.guard.as_ref().map(|g| {
             (
                 g.term_on,
@@ -416,6 +419,8 @@ impl ChainHeat {
                 g.accesses,
                 g.hits_with,
                 g.hits_without,
+                g.half_life(),
+                g.switches,
             )
         })
     }

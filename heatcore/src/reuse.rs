@@ -2,8 +2,8 @@
 
 use std::collections::VecDeque;
 
-use crate::core::IdMap;
 use crate::fastmod::FastMod;
+use crate::index::IdMap;
 
 pub struct Reuse {
     pub horizon: i64,

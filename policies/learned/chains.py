@@ -66,6 +66,13 @@ class LeafQueue:
                 self._heap.append((self._priority(leaf), self._serial, leaf))
             heapq.heapify(self._heap)
 
+    def rebuild(self, lam: float) -> None:
+        """Every live leaf requeued at rate `lam`, in slot order."""
+        self.lam, self._heap = lam, []
+        t = self.table
+        for s in np.nonzero(t.used & (t.children == 0))[0].tolist():
+            self.push(s)
+
     def least(self, exclude: int) -> int:
         """The resident leaf with the least combined recency-frequency (not `exclude`); -1 if none."""
         t, heap = self.table, self._heap

@@ -17,7 +17,7 @@ from cachemesh_heatcore import REASONS, ChainHeat
 
 from policies.base import AccessMeta, Eviction, EvictionReason, Policy
 from policies.learned.chains import reuse_counts
-from policies.learned.guard import GuardState
+from policies.learned.guard import HALF_LIVES, GuardState
 from policies.learned.heat import HeatPolicy
 from policies.learned.panel_core import CompiledPanel
 from policies.learned.signals import Decision, HeatScore
@@ -79,6 +79,7 @@ class CompiledHeat(Policy):
         # Until its chains begin, the reference decides, with its panel compiled (panel_core.py).
         self.reference = HeatPolicy(capacity, **{"compiled_panel": True, **options})
         self.chain_half_life = float(options.get("chain_half_life", 3.0))
+        self.chain_half_lives = [float(h) for h in options.get("chain_half_lives", HALF_LIVES)]
         self.core: ChainHeat | None = None
         self._interned = False  # keys are ids of the core as they are (ints), or interned here
         self._ids: dict[Hashable, int] = {}
@@ -328,6 +329,7 @@ class CompiledHeat(Policy):
             chain_reuse=ref.chain_reuse is not None,
             chain_reuse_weight=1.0 if ref.chain_reuse is None else ref.chain_reuse.weight,
             chain_half_life=self.chain_half_life,
+            chain_half_lives=self.chain_half_lives,
             rescore_ms=ref.rescore_ms,
             rescore_accesses=ref.rescore_accesses,
             neighbour_tau=ref.neighbour_tau,

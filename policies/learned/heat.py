@@ -6,9 +6,9 @@ keys): a key is admitted when the leader admits it; the victim is an ended conve
 entry, else a key the leader does not hold, the coldest by heat (a new leader is followed once its lead
 outweighs `migration_cost` (1.0) per key it lacks). Heat: an online MLP (`scorer.py`) re-scoring every
 `rescore_ms` (100 ms), a prior until `warmup_labels` labels, spread over clusters (`neighbour_tau`,
-`cold_cluster`). Prefix chains retire the panel: LRFU (`chains.py`, `chain_half_life` (3) capacities)
-times `chains.ChainReuse`, which `guard.ChainGuard` stands down where it does not pay. Step by step:
-docs/heat.md ("How the AI-native policy decides").
+`cold_cluster`). Prefix chains retire the panel: LRFU (`chains.py`, half-life `chain_half_life` (3)
+capacities) times `chains.ChainReuse`; `guard.ChainGuard` stands the term down where it does not pay and
+moves the half-life among `chain_half_lives` (3, 10, 30). Step by step: docs/heat.md.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from policies.learned.chains import ChainReuse, LeafQueue
 from policies.learned.features import N_FEATURES, EntryTable, keep_mask, view
 from policies.learned.frame import HeatFrame, prior_heat
 from policies.learned.ghosts import GhostTable
-from policies.learned.guard import ChainGuard
+from policies.learned.guard import HALF_LIVES, ChainGuard
 from policies.learned.panel import EXPERTS, MIN_MINIATURE
 from policies.learned.panel_core import CompiledPanel, PanelSketch, heat_panel
 from policies.learned.scorer import HeatScorer, ReuseLabeler
@@ -50,6 +50,7 @@ class HeatPolicy(MeshSignals, Policy):
         experts: Sequence[str] = DEFAULT_EXPERTS,
         migration_cost: float = 1.0,
         chain_half_life: float = 3.0,
+        chain_half_lives: Sequence[float] = HALF_LIVES,  # the guard's candidates (guard.py)
         rescore_ms: int = 100,
         horizon: int | None = None,
         hidden: int = 16,
@@ -75,6 +76,7 @@ class HeatPolicy(MeshSignals, Policy):
     ) -> None:
         super().__init__(capacity)
         self.seed, self.chain_half_life, self.guarded = seed, chain_half_life, chain_guard
+        self.chain_half_lives = tuple(chain_half_lives)
         self.chain_guard: ChainGuard | None = None
         self.rescore_ms = rescore_ms
         # ... but no more often than every `rescore_accesses` (capacity / 8) accesses: a batch
@@ -188,7 +190,7 @@ class HeatPolicy(MeshSignals, Policy):
         v.freq_epoch[s] = self.sketch.resets
         if meta is not None:
             self.table.apply_meta(s, meta, self._trace_ids, self._now_ms)
-        self._heard(key)
+        self.labeler.heard(key, self._tick, self.scorer)
         self._consult(key, now_ms, meta)
         self._maybe_rescore(now_ms)
 
@@ -198,7 +200,7 @@ class HeatPolicy(MeshSignals, Policy):
         self._tick += 1
         self._now_ms = now_ms
         self.sketch.increment(key)
-        self._heard(key)
+        self.labeler.heard(key, self._tick, self.scorer)
         self._consult(key, now_ms, meta)
         if size > self.capacity:
             return [Eviction(key, "rejected")]
@@ -244,6 +246,11 @@ class HeatPolicy(MeshSignals, Policy):
                 self.chain_reuse.extended(parent)
             if sampled and self.chain_guard is not None:
                 self.chain_guard.heard(key, parent, self._now_ms, size)
+
+    def set_half_life(self, half_life: float) -> None:
+        """LRFU's half-life, in capacities of accesses: the leaf queue is rebuilt at the new rate."""
+        self.chain_half_life, self._lambda = half_life, 1.0 / (half_life * self.capacity)
+        self._leaves.rebuild(self._lambda)
 
     def on_remove(self, key: Hashable) -> None:
         s = self._slot.get(key)
@@ -437,9 +444,6 @@ class HeatPolicy(MeshSignals, Policy):
         self._fresh_all()
         return int(np.where(mask, self.eff, np.inf).argmin())
 
-    def _heard(self, key: Hashable) -> None:
-        self.labeler.heard(key, self._tick, self.scorer)
-
     def _evict(self, v: int) -> list[Eviction]:
         reason = self._doomed.get(v)
         if reason is not None:
@@ -510,11 +514,9 @@ class HeatPolicy(MeshSignals, Policy):
 
     def _maybe_rescore(self, now_ms: int) -> None:
         if self._last_rescore_ms is None:
-            self._last_rescore_ms = now_ms
-            self._last_rescore_tick = self._tick
-        elif (
-            now_ms - self._last_rescore_ms >= self.rescore_ms
-            and self._tick - self._last_rescore_tick >= self.rescore_accesses
+            self._last_rescore_ms, self._last_rescore_tick = now_ms, self._tick
+        elif now_ms - self._last_rescore_ms >= self.rescore_ms and (
+            self._tick - self._last_rescore_tick >= self.rescore_accesses
         ):
             self.rescore(now_ms)
 
@@ -522,8 +524,7 @@ class HeatPolicy(MeshSignals, Policy):
 
     def _stage(self, key: Hashable, size: int, parent: int, meta: AccessMeta | None) -> int:
         s = self._free.pop()  # free slots are reset when they are released
-        t = self.table
-        v = t.v
+        t, v = self.table, self.table.v
         v.last_tick[s] = self._tick
         v.inserted_ms[s] = self._now_ms
         v.size[s] = size
@@ -574,8 +575,7 @@ class HeatPolicy(MeshSignals, Policy):
         return Eviction(key, reason)
 
     def _release(self, s: int) -> None:
-        t = self.table
-        v = t.v
+        t, v = self.table, self.table.v
         key = self._keys[s]
         del self._slot[key]
         self._keys[s] = None
@@ -591,8 +591,7 @@ class HeatPolicy(MeshSignals, Policy):
             t.parent[np.nonzero(t.used & (t.parent == s))[0]] = -1
         t.reset_slot(s)
         self.extended[s] = self.sampled[s] = False
-        self._raw_v[s] = self._eff_v[s] = 0.0
-        self._crf_v[s] = 0.0
+        self._raw_v[s] = self._eff_v[s] = self._crf_v[s] = 0.0
         self._free.append(s)
         if parent >= 0:
             t.children[parent] -= 1

@@ -54,6 +54,10 @@ CHAIN_TERM = Gauge(
     "cachemesh_heat_chain_term_on",
     "1 while the learned chain term is on; 0 while its guard (miniatures with and without it) stands it down",
 )
+CHAIN_HALF_LIFE = Gauge(
+    "cachemesh_heat_chain_half_life",
+    "LRFU's half-life in capacities of accesses, as the guard's miniatures (one per candidate) moved it",
+)
 
 
 class HeatService(Service):
@@ -188,7 +192,9 @@ class HeatService(Service):
                 CHAIN_REUSE.labels("true").set(chain.probability(True))
             guard = self.engine.policy.chain_guard
             if guard is not None:
-                CHAIN_TERM.set(guard.state().term_on)
+                state = guard.state()
+                CHAIN_TERM.set(state.term_on)
+                CHAIN_HALF_LIFE.set(state.half_life)
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
 
     async def _publish(self, decisions: list[HeatScored]) -> None:

@@ -1,7 +1,7 @@
 //! Up to four ordered maps over one node slab and one hash index (`collections.OrderedDict`s whose
 //! keys never sit in two of them at once): push at either end, move, pop the oldest, remove.
 
-use crate::core::IdMap;
+use crate::index::IdMap;
 
 pub const NIL: u32 = u32::MAX;
 

@@ -1,6 +1,7 @@
-"""The guard of heat's learned chain term (`policies/learned/guard.py`, `heatcore/src/guard.rs`): the two
-implementations agree while it stands the term down, it wins back what the term loses on traffic unlike
-the dev trace, and it leaves the term on where the term pays."""
+"""The guard of heat's learned chain term and its LRFU half-life (`policies/learned/guard.py`,
+`heatcore/src/guard.rs`): the two implementations agree while it stands the term down and moves the
+half-life, it wins back what the term and the short half-life lose on traffic unlike the dev trace, and it
+leaves both as they are where they pay."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_core_and_reference_agree_access_for_access_while_the_guard_acts() -> No
     mine, reference = ours.chain_guard.state(), theirs.chain_guard.state()
     assert mine == reference
     assert mine.windows_off > 0, "the term was stood down on this traffic"
+    assert mine.switches >= 1 and mine.half_life != 3.0, "the half-life moved on this traffic"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -49,6 +51,19 @@ def test_where_the_term_pays_the_guard_leaves_it_on() -> None:
     assert policy.chain_guard is not None
     state = policy.chain_guard.state()
     assert state.windows > 10 and state.windows_off == 0
+    assert state.switches == 0 and state.half_life == 3.0, "the half-life that pays here stays"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_longer_half_life_wins_on_mixed_traffic_and_the_guard_finds_it(seed: int) -> None:
+    trace = mixed_prefix_trace(seed, 6000)
+    policy = CompiledHeat(2000)
+    moved = replay(trace, policy).hit_rate
+    fixed = replay(trace, CompiledHeat(2000, chain_half_lives=[])).hit_rate
+    assert policy.chain_guard is not None
+    state = policy.chain_guard.state()
+    assert state.half_life > 3.0
+    assert moved > fixed * 1.1, "one-off documents no longer push out conversations"
 
 
 def test_no_guard_without_the_term_or_below_a_useful_miniature() -> None:
@@ -89,11 +104,14 @@ class _Scripted:
     def on_miss(self, key: Hashable, now_ms: int, size: int = 1, meta: AccessMeta | None = None) -> Any:
         return []
 
+    def set_half_life(self, half_life: float) -> None:
+        self.half_life = half_life
+
 
 def test_the_term_stands_down_on_evidence_and_comes_back_when_it_pays_again() -> None:
     reuse = ChainReuse(100, weight=0.5)
     with_term, without = _Scripted(), _Scripted()
-    guard = ChainGuard(reuse, with_term, without, MIN_WINDOW, cut=0)
+    guard = ChainGuard(reuse, [with_term], [3.0], without, MIN_WINDOW, 0, _no_move)
 
     def window(with_hits: int, without_hits: int) -> None:
         with_term.hits = set(range(with_hits))
@@ -112,3 +130,32 @@ def test_the_term_stands_down_on_evidence_and_comes_back_when_it_pays_again() ->
     assert guard.term_on and reuse.weight == 0.5
     state = guard.state()
     assert state.windows == 12 and 1 <= state.windows_off < 8
+
+
+def _no_move(half_life: float) -> None:
+    raise AssertionError("one arm: nowhere to move")
+
+
+def test_the_half_life_moves_on_evidence_to_the_arm_that_leads_by_most() -> None:
+    reuse = ChainReuse(100, weight=0.5)
+    arms, without = [_Scripted(), _Scripted(), _Scripted()], _Scripted()
+    moves: list[float] = []
+    guard = ChainGuard(reuse, arms, [3.0, 10.0, 30.0], without, MIN_WINDOW, 0, moves.append)
+
+    def window(*hits: int) -> None:
+        for arm, n in zip(arms, hits, strict=True):
+            arm.hits = set(range(n))
+        without.hits = set(range(hits[guard.current]))  # the term neither helps nor hurts
+        for key in range(MIN_WINDOW):
+            guard.heard(key, None, 0)
+
+    for n in range(8):
+        window(40, 38 + 4 * (n % 2), 40)  # arm 10 leads no more than it trails: noise
+    assert moves == []
+    for _ in range(4):
+        window(40, 50, 60)
+    assert moves == [30.0] and guard.current == 2
+    assert without.half_life == 30.0, "the miniature without the term follows"
+    assert guard.term_on, "the term is judged on the arm in use"
+    state = guard.state()
+    assert state.half_life == 30.0 and state.switches == 1
