@@ -1,10 +1,10 @@
 //! `policies/learned/guard.py`'s `ChainGuard`: miniature chain caches on a sample of the prefix
 //! chains scaled to 1/`RATE` of the capacity, up to `MAX_MINIATURE` blocks (the full-size core marks
-//! each block of a sampled chain: `SAMPLED`). One miniature with the learned re-use term per candidate
-//! LRFU half-life (the arms) and one without it: the term stands down while the arm in use hits less
-//! than the one without, by more than two standard errors, and the core moves to another half-life
-//! when that arm hits more than the one in use by more than `SWITCH_SE` standard errors. Decision for
-//! decision the Python guard's.
+//! each block of a sampled chain: `SAMPLED`). One miniature without the learned re-use term per
+//! candidate LRFU half-life (the arms) and one with it at the half-life in use: the term stands down
+//! while that one hits less than the arm in use, by more than two standard errors, and the core moves
+//! to another half-life when that arm hits more than the one in use by more than `SWITCH_SE` standard
+//! errors. Decision for decision the Python guard's.
 
 use crate::core::{Core, Meta, Params};
 
@@ -80,12 +80,13 @@ impl Paired {
 }
 
 pub struct Guard {
-    /// With the term, one per half-life (`half_lives`): the first is the one the core starts at
+    /// Without the term, one per half-life (`half_lives`): the first is the one the core starts at
     arms: Vec<Core>,
     pub half_lives: Vec<f64>,
     /// The arm (half-life) the full-size core runs
     pub current: usize,
-    without: Box<Core>,
+    /// With the term, at the half-life in use
+    with: Box<Core>,
     window: u64,
     pub cut: u64,
     pub term_on: bool,
@@ -96,9 +97,9 @@ pub struct Guard {
     pub hits_with: u64,
     pub hits_without: u64,
     in_window: u64,
-    /// This window's hits per arm, and without the term
+    /// This window's hits per arm, and with the term minus without (the arm in use)
     arm_hits: Vec<u64>,
-    hits_off: u64,
+    term_diff: i64,
     term: Paired,
     /// arm i minus arm j at i * arms + j (i > j)
     pairs: Vec<Paired>,
@@ -140,10 +141,10 @@ impl Guard {
         }
         let k = half_lives.len();
         Some(Box::new(Guard {
-            arms: half_lives.iter().map(|&h| miniature(true, h)).collect(),
+            arms: half_lives.iter().map(|&h| miniature(false, h)).collect(),
             half_lives,
             current: 0,
-            without: Box::new(miniature(false, p.chain_half_life)),
+            with: Box::new(miniature(true, p.chain_half_life)),
             window: MIN_WINDOW.max(mini as u64 / 4),
             cut: ((1u128 << 64) * mini as u128 / p.capacity as u128) as u64,
             term_on: true,
@@ -155,7 +156,7 @@ impl Guard {
             hits_without: 0,
             in_window: 0,
             arm_hits: vec![0; k],
-            hits_off: 0,
+            term_diff: 0,
             term: Paired::default(),
             pairs: vec![Paired::default(); k * k],
             n: 0.0,
@@ -165,23 +166,18 @@ impl Guard {
 
     /// A sampled block's access in the full-size core: what it changed, if it closed a window.
     pub fn heard(&mut self, key: i64, parent: Option<i64>, now_ms: i64, size: u32) -> Change {
+        let mut without = 0;
         for (a, arm) in self.arms.iter_mut().enumerate() {
             let hit = access(arm, key, parent, now_ms, size, &mut self.scratch);
             self.arm_hits[a] += hit as u64;
             if a == self.current {
-                self.hits_with += hit as u64;
+                without = hit as u64;
             }
         }
-        let hit_without = access(
-            &mut self.without,
-            key,
-            parent,
-            now_ms,
-            size,
-            &mut self.scratch,
-        );
-        self.hits_without += hit_without as u64;
-        self.hits_off += hit_without as u64;
+        let hit_with = access(&mut self.with, key, parent, now_ms, size, &mut self.scratch);
+        self.hits_with += hit_with as u64;
+        self.hits_without += without;
+        self.term_diff += hit_with as i64 - without as i64;
         self.accesses += 1;
         self.in_window += 1;
         if self.in_window == self.window {
@@ -193,8 +189,7 @@ impl Guard {
     fn close_window(&mut self) -> Change {
         let w = self.window as f64;
         let k = self.arms.len();
-        let with = self.arm_hits[self.current];
-        self.term.add((with as f64 - self.hits_off as f64) / w);
+        self.term.add(self.term_diff as f64 / w);
         for i in 1..k {
             for j in 0..i {
                 let d = (self.arm_hits[i] as f64 - self.arm_hits[j] as f64) / w;
@@ -202,7 +197,7 @@ impl Guard {
             }
         }
         self.in_window = 0;
-        self.hits_off = 0;
+        self.term_diff = 0;
         self.arm_hits.iter_mut().for_each(|h| *h = 0);
         self.windows += 1;
         self.n += 1.0;
@@ -249,7 +244,7 @@ impl Guard {
         self.current = best;
         self.switches += 1;
         let h = self.half_lives[best];
-        self.without.set_half_life(h);
+        self.with.set_half_life(h);
         Some(h)
     }
 
@@ -269,6 +264,6 @@ impl Guard {
     }
 
     pub fn bytes(&self) -> usize {
-        self.arms.iter().map(|a| a.bytes()).sum::<usize>() + self.without.bytes()
+        self.arms.iter().map(|a| a.bytes()).sum::<usize>() + self.with.bytes()
     }
 }

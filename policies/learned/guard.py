@@ -4,16 +4,18 @@ stands the term down where it does not pay, and moves the half-life where anothe
 Miniature chain caches run side by side on a spatially hashed sample of the prefix chains, scaled:
 1/`RATE` of the capacity up to `MAX_MINIATURE` blocks, and the same share of the chains (SHARDS:
 Waldspurger et al., ATC '17; fixed-size past that, so the guard's cost per access falls as the cache
-grows). One miniature with the term per candidate half-life (the arms: `HALF_LIVES`, the cache's own
-first) and one without the term, at the half-life in use. A chain is in the sample when its root's key
+grows). One miniature without the term per candidate half-life (the arms: `HALF_LIVES`, the cache's own
+first) and one with the term, at the half-life in use. A chain is in the sample when its root's key
 hashes into it (the full-size cache marks its blocks: a block is when its parent is), so each miniature
 sees whole chains. Over windows of sampled accesses the guard keeps paired hit differences per access
-(the arm in use minus the one without; each arm minus each other), halved every `HALVE_WINDOWS`
-windows. The full-size cache's term goes to weight 0 once the arm in use hits less than the one without
+(the one with the term minus the arm in use; each arm minus each other), halved every `HALVE_WINDOWS`
+windows. The full-size cache's term goes to weight 0 once the one with it hits less than the arm in use
 by more than two standard errors, and back to its weight once it hits more; the cache moves to the
 half-life of an arm that hits more than the one in use by more than `SWITCH_SE` standard errors (the
-one that leads by most), its leaf queue rebuilt at the new rate. Why: no fixed half-life is best on
-both the Mooncake trace (3) and mixed traffic (10-30) (bench/chain_half_life.py).
+one that leads by most), its leaf queue rebuilt at the new rate, and the miniature with the term
+follows. Why: no fixed half-life is best on both the Mooncake trace (3) and mixed traffic (10-30)
+(bench/chain_half_life.py); the arms go without the term because where the half-life matters most
+(mixed traffic) the term is stood down, and without it they cost less.
 `heatcore/src/guard.rs` is the same, decision for decision (on 64-bit int keys; other keys are hashed by
 their repr here and by their interned id there).
 """
@@ -68,8 +70,8 @@ class GuardState:
     windows: int  # windows completed
     windows_off: int  # ... of them with the term at weight 0
     accesses: int  # sampled accesses
-    hits_with: int  # the arm in use (with the term)
-    hits_without: int
+    hits_with: int  # the miniature with the term
+    hits_without: int  # the arm in use
     half_life: float  # the half-life in use
     switches: int  # times it moved
 
@@ -98,7 +100,7 @@ class ChainGuard:
         reuse: Any,
         arms: list[Miniature],
         half_lives: list[float],
-        without: Miniature,
+        with_term: Miniature,
         window: int,
         cut: int,
         move: Callable[[float], None],
@@ -107,13 +109,13 @@ class ChainGuard:
         self.move = move  # sets the full-size cache's half-life
         self.reuse = reuse  # the full-size cache's ChainReuse: its weight is what the guard sets
         self.weight = float(reuse.weight)
-        self.arms, self.half_lives, self.without = arms, half_lives, without
+        self.arms, self.half_lives, self.with_term = arms, half_lives, with_term
         self.current = 0  # the arm (half-life) the full-size cache runs
         self.window = window
         self.term_on = True
         self.windows = self.windows_off = self.accesses = self.switches = 0
         self.hits_with = self.hits_without = 0
-        self._in_window = self._hits_off = 0
+        self._in_window = self._term_diff = 0
         self._arm_hits = [0] * len(arms)
         self._term = _Paired()
         self._pairs = {(i, j): _Paired() for i in range(len(arms)) for j in range(i)}  # arm i minus arm j
@@ -150,9 +152,9 @@ class ChainGuard:
         policy.sampled[used] = [root_sampled(policy._keys[s], cut) for s in used]  # their own roots
         candidates = [policy.chain_half_life, *policy.chain_half_lives]
         half_lives = list(dict.fromkeys(float(h) for h in candidates))
-        arms = [miniature(True, h) for h in half_lives]
-        without = miniature(False, half_lives[0])
-        return cls(reuse, arms, half_lives, without, max(MIN_WINDOW, mini // 4), cut, policy.set_half_life)
+        arms = [miniature(False, h) for h in half_lives]
+        with_term = miniature(True, half_lives[0])
+        return cls(reuse, arms, half_lives, with_term, max(MIN_WINDOW, mini // 4), cut, policy.set_half_life)
 
     def admits(self, key: Hashable, parent: int, sampled: np.ndarray) -> bool:
         """Whether a newcomer is in the sample (`parent`: its parent's slot, -1 for a root)."""
@@ -161,14 +163,16 @@ class ChainGuard:
     def heard(self, key: Hashable, parent: Hashable | None, now_ms: int, size: int = 1) -> None:
         """A sampled block's access (hit or admitted miss) in the full-size cache."""
         meta = AccessMeta(parent=parent)
+        without = 0
         for a, arm in enumerate(self.arms):
             hit = self._access(arm, key, now_ms, size, meta)
             self._arm_hits[a] += hit
             if a == self.current:
-                self.hits_with += hit
-        hit_without = self._access(self.without, key, now_ms, size, meta)
-        self.hits_without += hit_without
-        self._hits_off += hit_without
+                without = hit
+        hit_with = self._access(self.with_term, key, now_ms, size, meta)
+        self.hits_with += hit_with
+        self.hits_without += without
+        self._term_diff += hit_with - without
         self.accesses += 1
         self._in_window += 1
         if self._in_window == self.window:
@@ -184,10 +188,10 @@ class ChainGuard:
 
     def _close_window(self) -> None:
         w, hits = float(self.window), self._arm_hits
-        self._term.add((hits[self.current] - self._hits_off) / w)
+        self._term.add(self._term_diff / w)
         for (i, j), pair in self._pairs.items():
             pair.add((hits[i] - hits[j]) / w)
-        self._in_window = self._hits_off = 0
+        self._in_window = self._term_diff = 0
         self._arm_hits = [0] * len(self.arms)
         self.windows += 1
         self._n += 1.0
@@ -219,7 +223,7 @@ class ChainGuard:
             return
         self.current = best
         self.switches += 1
-        self.without.set_half_life(self.half_lives[best])
+        self.with_term.set_half_life(self.half_lives[best])
         self.move(self.half_lives[best])
 
     def _lead(self, a: int, b: int) -> tuple[float, float]:

@@ -111,7 +111,7 @@ class _Scripted:
 def test_the_term_stands_down_on_evidence_and_comes_back_when_it_pays_again() -> None:
     reuse = ChainReuse(100, weight=0.5)
     with_term, without = _Scripted(), _Scripted()
-    guard = ChainGuard(reuse, [with_term], [3.0], without, MIN_WINDOW, 0, _no_move)
+    guard = ChainGuard(reuse, [without], [3.0], with_term, MIN_WINDOW, 0, _no_move)
 
     def window(with_hits: int, without_hits: int) -> None:
         with_term.hits = set(range(with_hits))
@@ -138,14 +138,14 @@ def _no_move(half_life: float) -> None:
 
 def test_the_half_life_moves_on_evidence_to_the_arm_that_leads_by_most() -> None:
     reuse = ChainReuse(100, weight=0.5)
-    arms, without = [_Scripted(), _Scripted(), _Scripted()], _Scripted()
+    arms, with_term = [_Scripted(), _Scripted(), _Scripted()], _Scripted()
     moves: list[float] = []
-    guard = ChainGuard(reuse, arms, [3.0, 10.0, 30.0], without, MIN_WINDOW, 0, moves.append)
+    guard = ChainGuard(reuse, arms, [3.0, 10.0, 30.0], with_term, MIN_WINDOW, 0, moves.append)
 
     def window(*hits: int) -> None:
         for arm, n in zip(arms, hits, strict=True):
             arm.hits = set(range(n))
-        without.hits = set(range(hits[guard.current]))  # the term neither helps nor hurts
+        with_term.hits = set(range(hits[guard.current]))  # the term neither helps nor hurts
         for key in range(MIN_WINDOW):
             guard.heard(key, None, 0)
 
@@ -155,7 +155,7 @@ def test_the_half_life_moves_on_evidence_to_the_arm_that_leads_by_most() -> None
     for _ in range(4):
         window(40, 50, 60)
     assert moves == [30.0] and guard.current == 2
-    assert without.half_life == 30.0, "the miniature without the term follows"
+    assert with_term.half_life == 30.0, "the miniature with the term follows"
     assert guard.term_on, "the term is judged on the arm in use"
     state = guard.state()
     assert state.half_life == 30.0 and state.switches == 1
