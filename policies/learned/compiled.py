@@ -209,6 +209,15 @@ class CompiledHeat(Policy):
         assert core is not None
         return self._gone(core.on_miss(self._id(key), now_ms, size, *self._meta(meta)))
 
+    def start_half_life(self, half_life: float) -> bool:
+        """The LRFU half-life the chains begin at (a checkpoint's: where the guard had moved it); the
+        guard starts from it. False, and nothing changes, once the chains have begun."""
+        if self.core is not None:
+            return False
+        self.chain_half_life = half_life
+        self.reference.set_half_life(half_life)
+        return True
+
     def on_remove(self, key: Hashable) -> None:
         if self.core is None:
             self.reference.on_remove(key)

@@ -234,7 +234,10 @@ class HeatService(Service):
             return
         async with self._lock:
             learned = self._learned()
-            saved = dump_scorer(self.engine.policy.scorer, self.engine.policy.chain_reuse)
+            policy = self.engine.policy
+            guard = policy.chain_guard
+            half_life = guard.state().half_life if guard is not None else policy.chain_half_life
+            saved = dump_scorer(policy.scorer, policy.chain_reuse, half_life)
         self.model_version = await self._store.save(
             self.heat_settings.checkpoint_name,
             saved.blob,
@@ -259,12 +262,14 @@ class HeatService(Service):
             log.info("no model checkpoint yet; starting fresh")
             return
         try:
-            load_scorer(self.engine.policy.scorer, blob, self.engine.policy.chain_reuse)
+            half_life = load_scorer(self.engine.policy.scorer, blob, self.engine.policy.chain_reuse)
         except ValueError as exc:
             log.warning(
                 "ignoring an incompatible model checkpoint", extra={"version": version, "error": str(exc)}
             )
             return
+        if half_life is not None and isinstance(self.engine.policy, CompiledHeat):
+            self.engine.policy.start_half_life(half_life)  # before any event: the chains have not begun
         self.model_version = version
         self._saved = self._learned()
         log.info("model restored", extra={"version": version, "steps": self.engine.policy.scorer.steps})

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from policies.base import AccessMeta
 from policies.learned.compiled import CompiledHeat
 from policies.learned.features import N_FEATURES
 from policies.learned.heat import HeatPolicy
@@ -22,6 +23,8 @@ from schemas.events import (
 )
 from services.heat.checkpoint import dump_scorer, load_scorer
 from services.heat.engine import HeatEngine, attention_heat
+from sim.generated import mixed_prefix_trace
+from sim.replay import replay
 
 
 def _engine(capacity: int = 64) -> HeatEngine:
@@ -113,6 +116,27 @@ def test_a_checkpoint_with_impossible_chain_counts_is_refused_whole() -> None:
     with pytest.raises(ValueError, match="yes <= seen"):
         load_scorer(fresh.scorer, dump_scorer(trained.scorer, trained.chain_reuse).blob, fresh.chain_reuse)
     assert fresh.scorer.steps == 0 and fresh.chain_reuse is not None and fresh.chain_reuse.labels == 0
+
+
+def test_a_checkpoint_keeps_the_half_life_the_guard_moved_to_and_the_chains_start_there() -> None:
+    trace = mixed_prefix_trace(1, 3000)
+    moved = CompiledHeat(2000)
+    replay(trace, moved)
+    assert moved.chain_guard is not None
+    half_life = moved.chain_guard.state().half_life
+    assert half_life != 3.0, "the guard moved it on this traffic"
+    fresh = CompiledHeat(2000)
+    got = load_scorer(fresh.scorer, dump_scorer(moved.scorer, moved.chain_reuse, half_life).blob)
+    assert got == half_life and fresh.start_half_life(got)
+    fresh.on_miss(1, 0)
+    fresh.on_miss(2, 1, meta=AccessMeta(parent=1))  # the chains begin
+    assert fresh.chain_guard is not None and fresh.chain_guard.state().half_life == half_life
+    assert not fresh.start_half_life(3.0), "too late once the chains have begun"
+    # None from a checkpoint without one; a nonsensical one is refused whole.
+    assert load_scorer(fresh.scorer, dump_scorer(moved.scorer).blob) is None
+    for bad in (0.0, -3.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="half-life"):
+            load_scorer(HeatPolicy(64).scorer, dump_scorer(moved.scorer, None, bad).blob)
 
 
 def _chain(n: int, t0: int = 100) -> list[KvBlockStored]:
