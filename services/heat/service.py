@@ -86,9 +86,9 @@ class HeatService(Service):
         self._keyed: EventConsumer | None = None
         if settings.instance is not None:
             self.engine.foreign_parent = self._foreign_parent
-        # `_learned()` as last saved or restored: (MLP steps, MLP labels, chain re-use labels); a fresh
-        # model has nothing to save
-        self._saved: tuple[int, int, int] = (0, 0, 0)
+        # `_learned()` as last saved or restored: (MLP steps, MLP labels, chain re-use labels, the
+        # chains' half-life); a fresh model has nothing to save
+        self._saved: tuple[int, int, int, float] = self._learned()
 
     async def open(self, stack: AsyncExitStack) -> None:
         db = await self.open_database(stack)
@@ -223,11 +223,18 @@ class HeatService(Service):
         to write every interval)."""
         return self._learned() != self._saved
 
-    def _learned(self) -> tuple[int, int, int]:
-        """How much the model and the chain re-use counts have learned (a checkpoint's identity)."""
+    def _learned(self) -> tuple[int, int, int, float]:
+        """How much the model and the chain re-use counts have learned, and the chains' half-life (a
+        checkpoint's identity)."""
         policy = self.engine.policy
         chain = policy.chain_reuse.labels if policy.chain_reuse is not None else 0
-        return policy.scorer.steps, policy.scorer.labels_seen, chain
+        return policy.scorer.steps, policy.scorer.labels_seen, chain, self._half_life()
+
+    def _half_life(self) -> float:
+        """The chains' LRFU half-life: where the guard moved it, else the one they start at."""
+        policy = self.engine.policy
+        guard = policy.chain_guard
+        return float(guard.state().half_life if guard is not None else policy.chain_half_life)
 
     async def checkpoint(self) -> None:
         if self._store is None:
@@ -235,9 +242,7 @@ class HeatService(Service):
         async with self._lock:
             learned = self._learned()
             policy = self.engine.policy
-            guard = policy.chain_guard
-            half_life = guard.state().half_life if guard is not None else policy.chain_half_life
-            saved = dump_scorer(policy.scorer, policy.chain_reuse, half_life)
+            saved = dump_scorer(policy.scorer, policy.chain_reuse, learned[3])
         self.model_version = await self._store.save(
             self.heat_settings.checkpoint_name,
             saved.blob,

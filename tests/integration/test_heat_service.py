@@ -111,6 +111,7 @@ async def test_the_model_survives_a_restart(kafka, namespace, topics_on, pg_sett
             await asyncio.sleep(0.02)
         assert first.engine.rounds >= rounds, "the service stopped re-scoring"
         assert first.engine.scored_events == len(keys), "the last events were never re-scored"
+        assert first.engine.policy.start_half_life(10.0)  # as if its chain guard had moved it
         first.request_stop()
         await runner
         steps = first.engine.policy.scorer.steps
@@ -122,6 +123,8 @@ async def test_the_model_survives_a_restart(kafka, namespace, topics_on, pg_sett
         assert second.model_version is not None
         assert restored.steps == steps
         assert np.array_equal(restored.score(probe), scores)
+        # The chains' half-life comes back too: they will start at it.
+        assert second.engine.policy.chain_half_life == 10.0
     await publisher.stop()
 
 
