@@ -58,6 +58,8 @@ pub struct Params {
     pub prior_recency: f64,
     /// Miniatures with and without the learned term decide whether it stays on (guard.rs)
     pub chain_guard: bool,
+    /// Count accesses in the frequency sketch (the guard's miniatures do not: none of their decisions reads it)
+    pub sketch: bool,
 }
 
 pub struct Core {
@@ -158,7 +160,7 @@ impl Core {
             rescores: 0,
             clusters_seen: false,
             ttls_seen: false,
-            sketch: Sketch::new(cap as u64, p.seed),
+            sketch: Sketch::counting(p.sketch, cap as u64, p.seed),
             ghosts: Ghosts::new(4 * cap as usize),
             reuse,
             guard,

@@ -131,6 +131,7 @@ impl Guard {
                 cold_cluster: p.cold_cluster,
                 prior_recency: p.prior_recency,
                 chain_guard: false,
+                sketch: false,
             })
         };
         let mut half_lives = vec![p.chain_half_life];

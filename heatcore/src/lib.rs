@@ -75,6 +75,7 @@ impl ChainHeat {
             cold_cluster,
             prior_recency,
             chain_guard,
+            sketch: true,
         };
         Ok(ChainHeat {
             core: Core::new(p),

@@ -52,8 +52,35 @@ impl Sketch {
         }
     }
 
+    /// `new`, or `off` unless `on`.
+    pub fn counting(on: bool, capacity: u64, seed: u64) -> Self {
+        if on {
+            Sketch::new(capacity, seed)
+        } else {
+            Sketch::off()
+        }
+    }
+
+    /// A sketch that counts nothing (frequency 0): for a core no decision of which reads it.
+    pub fn off() -> Self {
+        Sketch {
+            width: 0,
+            mask: 0,
+            table: Vec::new(),
+            sample_size: u64::MAX,
+            additions: 0,
+            resets: 0,
+            seed: 0,
+            door_bits: 0,
+            door: Vec::new(),
+        }
+    }
+
     /// Where `key` counts: its four counters and two doorkeeper bits.
     pub fn positions(&self, key: i64) -> Pos {
+        if self.table.is_empty() {
+            return ([0; 4], 0, 0);
+        }
         let h = stable_hash(key as u64, self.seed);
         let (m, w) = (self.mask, self.width);
         let rows = if w <= 1 << 16 {
@@ -83,6 +110,9 @@ impl Sketch {
     }
 
     pub fn frequency_at(&self, pos: &Pos) -> u8 {
+        if self.table.is_empty() {
+            return 0;
+        }
         let (rows, x, y) = *pos;
         let t = &self.table;
         let f = t[rows[0]].min(t[rows[1]]).min(t[rows[2]]).min(t[rows[3]]);
@@ -94,6 +124,9 @@ impl Sketch {
     }
 
     pub fn increment_at(&mut self, pos: &Pos) {
+        if self.table.is_empty() {
+            return;
+        }
         let (rows, x, y) = *pos;
         if !self.door_has(x, y) {
             self.door[(x >> 3) as usize] |= 1 << (x & 7);
