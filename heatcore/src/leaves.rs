@@ -29,7 +29,7 @@ pub struct Leaves {
 impl Leaves {
     pub fn new(slots: usize) -> Self {
         Leaves {
-            items: Vec::with_capacity(slots),
+            items: Vec::new(), // grown as leaves come: a chain has one leaf, often for many blocks
             pos: vec![NONE; slots],
             serial: 0,
         }
