@@ -15,9 +15,11 @@ and 0.05 (`"by_delta"`). Each row: served, correct, wrong, positives, recall (co
 duplicate pairs / positives: a repeat served for a pair labelled 0 is correct but no recall),
 wrong_rate (wrong / served), its 95% Wilson upper bound, and `ceiling_recall`: what the best fixed
 threshold (with the guards) chosen knowing the labels reaches with wrong <= δ under the same protocol
-(0 where none does; for the shipped row, δ = 0.02). Beside them, `served_repeats` / `wrong_repeats`:
-answers served because the asked `b` is itself the text of a cached `a` (any cache serves these),
-and `by_similarity`, the same counts without those repeats: the semantic decision's own.
+(0 where none does; for the shipped row, δ = 0.02), and `ceiling_recall_bounded`: the same where the
+threshold's 95% upper bound on wrong is <= δ (what a rule that must show its bound reaches knowing
+every label from the start: the price of the confidence alone). Beside them, `served_repeats` /
+`wrong_repeats`: answers served because the asked `b` is itself the text of a cached `a` (any cache
+serves these), and `by_similarity`, the same counts without those repeats: the semantic decision's own.
 Prints the table, draws OUT's .png beside it.
 """
 
@@ -123,6 +125,7 @@ def node(settings: TiersSettings, entries: int) -> TieredCache:
             delta=settings.match_delta if settings.match_rule == "learned" else None,
             default_similarity_tolerance=settings.default_similarity_tolerance,
             explore_rate=settings.match_explore_rate,
+            verify_rate=settings.match_verify_rate,
         ),
     )
 
@@ -193,10 +196,11 @@ async def run_protocol(
     }
 
 
-def ceilings(pairs: list[tuple[str, str, int]], embedder: Embedder) -> dict[float, float]:
-    """Per δ, the most correct answers to duplicates / positives any fixed threshold with the guards
-    serves with wrong <= δ * served, knowing the labels: each `b` gets its most similar `a` the guards
-    let through."""
+def ceilings(pairs: list[tuple[str, str, int]], embedder: Embedder) -> dict[float, tuple[float, float]]:
+    """Per δ, (the most correct answers to duplicates / positives any fixed threshold with the guards
+    serves with wrong <= δ * served, the same where the 95% upper bound of its wrong rate is <= δ),
+    knowing every label: each `b` gets its most similar `a` the guards let through. The second is
+    what a rule that must show its bound could reach if it knew all the labels from the start."""
     a = embedder.embed_blocking([p[0] for p in pairs])
     b = embedder.embed_blocking([p[1] for p in pairs])
     sims = b @ a.T
@@ -207,16 +211,24 @@ def ceilings(pairs: list[tuple[str, str, int]], embedder: Embedder) -> dict[floa
                 ok = correct_answer(pairs, i, int(j))
                 best.append((float(sims[i, j]), ok, ok and pairs[i][2] == 1))
                 break
-    positives = sum(label for _, _, label in pairs) or 1
+    return hindsight(best, sum(label for _, _, label in pairs))
+
+
+def hindsight(best: list[tuple[float, bool, bool]], positives: int) -> dict[float, tuple[float, float]]:
+    """`ceilings` from each asked text's best candidate (similarity, correct, correct for a duplicate)."""
+    positives = positives or 1
     out = {}
     for delta in (*DELTAS, SHIPPED_DELTA):
-        top = 0.0
+        top = sure = 0.0
         for t in np.arange(0.70, 1.0001, 0.0025):
             chosen = [(ok, found) for s, ok, found in best if s >= t]
-            right = sum(ok for ok, _ in chosen)
-            if chosen and (len(chosen) - right) <= delta * len(chosen):
-                top = max(top, sum(found for _, found in chosen) / positives)
-        out[delta] = top
+            wrong = len(chosen) - sum(ok for ok, _ in chosen)
+            recall = sum(found for _, found in chosen) / positives
+            if chosen and wrong <= delta * len(chosen):
+                top = max(top, recall)
+            if chosen and (wilson_upper(wrong, len(chosen)) or 1.0) <= delta:
+                sure = max(sure, recall)
+        out[delta] = (top, sure)
     return out
 
 
@@ -236,9 +248,9 @@ def main(
         shipped = asyncio.run(run_protocol(pairs, None, embedder, seed, progress))
         by_delta = {str(d): asyncio.run(run_protocol(pairs, d, embedder, seed, progress)) for d in DELTAS}
     ceiling = ceilings(pairs, embedder)
-    shipped["ceiling_recall"] = ceiling[SHIPPED_DELTA]
+    shipped["ceiling_recall"], shipped["ceiling_recall_bounded"] = ceiling[SHIPPED_DELTA]
     for d in DELTAS:
-        by_delta[str(d)]["ceiling_recall"] = ceiling[d]
+        by_delta[str(d)]["ceiling_recall"], by_delta[str(d)]["ceiling_recall_bounded"] = ceiling[d]
     result = {"pairs": str(pairs_file), "n": len(pairs), "seed": seed, **shipped, "by_delta": by_delta}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -251,6 +263,7 @@ def main(
         "wrong ≤ (95%)",
         "by similarity: served, wrong",
         "ceiling recall",
+        "bounded ceiling",
     ):
         table.add_column(col, justify="right")
     rows = [(f"shipped ({shipped_rule(s)})", shipped)]
@@ -265,6 +278,7 @@ def main(
             "-" if upper is None else f"{upper:.1%}",
             f"{r['by_similarity']['served']}, {r['by_similarity']['wrong_rate']:.1%}",
             f"{r['ceiling_recall']:.1%}",
+            f"{r['ceiling_recall_bounded']:.1%}",
         )
     console.print(table)
     plot(rows, out.with_suffix(".png"), pairs_file.name)
@@ -281,9 +295,10 @@ def plot(rows: list[tuple[str, dict[str, Any]]], path: Path, title: str) -> None
     for name, r in rows:
         ax.scatter(100 * r["wrong_rate"], 100 * r["recall"], label=name)
         ax.scatter(0, 100 * r["ceiling_recall"], marker="x", color="grey")
+        ax.scatter(0, 100 * r["ceiling_recall_bounded"], marker="+", color="black")
     ax.set_xlabel("wrong among served (%)")
     ax.set_ylabel("true duplicates served (%)")
-    ax.set_title(f"{title} (x: hindsight ceiling)")
+    ax.set_title(f"{title} (x: hindsight ceiling, +: its 95% bound <= δ)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from matching import guards
@@ -57,8 +57,8 @@ class MatchResult:
     @property
     def rule(self) -> str:
         """Which rule decided, in a word: "exact", "threshold" (served, or refused below it), "floor"
-        (below the request's or entry's cosine floor), "guard:<name>", "uncertain" (explored), or
-        "no candidate"."""
+        (below the request's or entry's cosine floor), "guard:<name>", "uncertain" (explored below the
+        threshold), "verify" (a would-be hit asked of the model to label it), or "no candidate"."""
         if self.exact:
             return "exact"
         if self.guard is not None:
@@ -66,7 +66,7 @@ class MatchResult:
         if self.candidate is None:
             return "no candidate"
         if self.verdict is Verdict.EXPLORE:
-            return "uncertain"
+            return "verify" if self.similarity >= self.threshold else "uncertain"
         return "floor" if " < floor " in self.reason else "threshold"
 
     @property
@@ -153,8 +153,9 @@ class MatchDecision:
         """The best acceptable candidate among several tiers' (a miss when none is).
 
         Served ones rank by exact match, then similarity, then the faster tier, so an exact or near-exact
-        entry in a slow tier beats a weaker one in a fast tier. Without a served one, the most similar
-        explored candidate is returned (at most one exploration per request), else the closest miss."""
+        entry in a slow tier beats a weaker one in a fast tier; the learner's verify_rate of those served by
+        similarity are explored instead (verified). Without a served one, the most similar explored
+        candidate is returned (at most one exploration per request), else the closest miss."""
         results = [
             self.decide(request_text, c, request_key=request_key, tolerance=tolerance) for c in candidates
         ]
@@ -162,7 +163,14 @@ class MatchDecision:
         if served:
             best = max(served, key=lambda r: (r.exact, r.similarity, -_tier(r)))
             if not best.exact and best.candidate is not None:
-                self.learner_for(best.candidate.group).note_served()
+                learner = self.learner_for(best.candidate.group)
+                if learner.verifies(self.draw()):
+                    reason = (
+                        f"verifying: {best.similarity:.3f} >= threshold {best.threshold:.3f}, one of the "
+                    )
+                    reason += f"{learner.verify_rate:.0%} of would-be hits asked of the model for a label"
+                    return replace(best, verdict=Verdict.EXPLORE, reason=reason)
+                learner.note_served()
             return best
         explored = [r for r in results if r.verdict is Verdict.EXPLORE]
         if explored:

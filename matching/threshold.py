@@ -83,6 +83,9 @@ class ThresholdLearner:
     delta: float = 0.02
     z_conf: float = 1.645
     explore_rate: float = 0.3
+    # The share of would-be semantic hits asked of the model instead (verified: labels above the
+    # threshold that need no human rating); 0 verifies none.
+    verify_rate: float = 0.0
     cold_threshold: float | None = None  # None: a cold pool serves nothing by similarity alone
     explore_floor: float = 0.7
     min_labels: int = 20
@@ -96,6 +99,7 @@ class ThresholdLearner:
     pool_sims: list[float] = field(default_factory=list)
     pool_labels: list[bool] = field(default_factory=list)
     pool_explored: list[bool] = field(default_factory=list)
+    pool_verified: list[bool] = field(default_factory=list)  # of the explored: would-be hits verified
     served: int = 0  # answers served by similarity (not by key), the denominator of the rating rate
     rated: int = 0  # of those, how many were rated
     _fit: tuple[float, float | None] | None = field(default=None, repr=False)
@@ -106,6 +110,8 @@ class ThresholdLearner:
             raise ValueError(f"delta must be in (0, 0.5), got {self.delta}")
         if not 0.0 < self.explore_rate <= 1.0:
             raise ValueError(f"explore_rate must be in (0, 1], got {self.explore_rate}")
+        if not 0.0 <= self.verify_rate < 1.0:
+            raise ValueError(f"verify_rate must be in [0, 1), got {self.verify_rate}")
         if self.model not in POOLED_MODELS:
             raise ValueError(f"model must be one of {POOLED_MODELS}, got {self.model!r}")
 
@@ -119,15 +125,18 @@ class ThresholdLearner:
         self, entry: EntryThreshold, similarity: float, correct: bool, explored: bool = False
     ) -> None:
         """A label for a candidate at `similarity` of `entry`: a rating of a served answer, or (`explored`)
-        whether the model's answer agreed with the candidate's."""
+        whether the model's answer agreed with the candidate's: below the entry's threshold an
+        exploration, at or above it a verified would-be hit."""
+        verified = explored and similarity >= self.thresholds(entry)[0]
         entry.sims.append(float(similarity))
         entry.labels.append(bool(correct))
         del entry.sims[: -self.max_entry_labels], entry.labels[: -self.max_entry_labels]
         self.pool_sims.append(float(similarity))
         self.pool_labels.append(bool(correct))
         self.pool_explored.append(bool(explored))
+        self.pool_verified.append(verified)
         n = self.max_pool_labels
-        del self.pool_sims[:-n], self.pool_labels[:-n], self.pool_explored[:-n]
+        del self.pool_sims[:-n], self.pool_labels[:-n], self.pool_explored[:-n], self.pool_verified[:-n]
         if not explored:
             self.rated += 1
             self.served = max(self.served, self.rated)  # ratings of answers served before a restore
@@ -150,8 +159,12 @@ class ThresholdLearner:
         sims = np.asarray(self.pool_sims, dtype=np.float64)
         wrong = ~np.asarray(self.pool_labels, dtype=bool)
         explored = np.asarray(self.pool_explored, dtype=bool)
-        # Rated answers are a served/rated sample, explorations a 1/explore_rate one.
+        verified = np.asarray(self.pool_verified, dtype=bool)
+        # Rated answers are a served/rated sample of what was served, explorations a 1/explore_rate one
+        # of the misses; verified would-be hits are every hit not served (weight 1: exact beside the
+        # ratings, and without any ratings it weighs the region above the threshold down, not up).
         w = np.where(explored, 1.0 / self.explore_rate, self.served / max(self.rated, 1))
+        w = np.where(verified, 1.0, w)
         order = np.argsort(sims, kind="stable")
         return sims[order], wrong[order], w[order]
 
@@ -169,6 +182,10 @@ class ThresholdLearner:
         rate = np.divide(errors[at], total[at], out=np.zeros(len(grid)), where=total[at] > 0)
         if self.model == "tail":
             return grid, wilson_upper(rate, n_eff, self.z_conf)
+        # A model may interpolate, not invent: above t there must be at least as many (effective) labels
+        # as could show an error rate <= δ with none wrong, z² (1 - δ) / δ (268 at 1%, 133 at 2%, 51 at
+        # 5%), whatever the sigmoid says.
+        thin = n_eff < self.z_conf**2 * (1 - self.delta) / self.delta
         theta, cov = calibration.fit_logistic(sims, ~wrong, w)
         if theta[1] <= 0:  # correctness does not rise with similarity here: nothing to certify
             return grid, np.ones_like(grid)
@@ -178,7 +195,7 @@ class ThresholdLearner:
             bound = calibration.served_error_bound(grid, sims, w, theta, cov, self.z_conf)[1]
         # A sigmoid says errors vanish as s -> 1; where the labels above t already err more often than
         # the bound (wrong answers even between near-identical prompts), the observed rate stands.
-        return grid, np.maximum(bound, rate)
+        return grid, np.where(thin, 1.0, np.maximum(bound, rate))
 
     def pooled_threshold(self) -> tuple[float, float | None]:
         """(serve from, its error bound) for an entry without labels; (inf, None) if no t clears δ."""
@@ -193,6 +210,10 @@ class ThresholdLearner:
         return self._fit
 
     # -- decision ---------------------------------------------------------------------------------------
+
+    def verifies(self, draw: float) -> bool:
+        """Whether a would-be semantic hit is asked of the model instead, to be labelled (`draw` uniform)."""
+        return not self.cold and draw < self.verify_rate
 
     def thresholds(self, entry: EntryThreshold | None) -> tuple[float, float]:
         """(serve from, explore from) similarities for this entry under δ."""
@@ -229,7 +250,15 @@ class ThresholdLearner:
         """A learner with this one's options at another δ, and an empty pool."""
         options = {
             k: getattr(self, k)
-            for k in ("z_conf", "explore_rate", "cold_threshold", "explore_floor", "min_labels", "grid_step")
+            for k in (
+                "z_conf",
+                "explore_rate",
+                "verify_rate",
+                "cold_threshold",
+                "explore_floor",
+                "min_labels",
+                "grid_step",
+            )
         }
         return ThresholdLearner(
             delta=delta,
@@ -248,6 +277,7 @@ class ThresholdLearner:
             "pool_sims": [round(s, 6) for s in self.pool_sims],
             "pool_labels": [int(c) for c in self.pool_labels],
             "pool_explored": [int(e) for e in self.pool_explored],
+            "pool_verified": [int(v) for v in self.pool_verified],
             "served": self.served,
             "rated": self.rated,
         }
@@ -259,7 +289,9 @@ class ThresholdLearner:
         learner.pool_sims = list(map(float, data.get("pool_sims", [])))
         learner.pool_labels = [bool(c) for c in data.get("pool_labels", [])]
         learner.pool_explored = [bool(e) for e in data.get("pool_explored", [False] * len(learner.pool_sims))]
-        if not len(learner.pool_sims) == len(learner.pool_labels) == len(learner.pool_explored):
+        learner.pool_verified = [bool(v) for v in data.get("pool_verified", [False] * len(learner.pool_sims))]
+        sizes = {len(learner.pool_sims), len(learner.pool_labels), len(learner.pool_explored)}
+        if len(sizes | {len(learner.pool_verified)}) != 1:
             raise ValueError("pool lists differ in length")
         learner.rated = int(data.get("rated", sum(not e for e in learner.pool_explored)))
         learner.served = max(int(data.get("served", learner.rated)), learner.rated)

@@ -206,6 +206,7 @@ class TiersService(Service):
                 default_similarity_tolerance=s.default_similarity_tolerance,
                 deltas=dict(s.match_delta_by),
                 explore_rate=s.match_explore_rate,
+                verify_rate=s.match_verify_rate,
             ),
             degrade=self._degrade_guard(),
         )

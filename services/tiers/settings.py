@@ -95,10 +95,14 @@ class TiersSettings(ServiceSettings):
     match_delta: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.02
     # Learned: δ per model, e.g. {"gpt-4o": 0.01, "support-*": 0.05} (matching/deltas.py).
     match_delta_by: dict[str, Annotated[float, Field(gt=0.0, lt=0.5)]] = Field(default_factory=dict)
-    # Learned: the exploration budget, the chance that a candidate in the grey zone (below
-    # its serving threshold, above 0.7) is explored: the lookup misses with explore_key, and the caller
-    # (the gateway does) reports whether the model's answer agreed. Labels come faster at a higher rate.
-    match_explore_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 0.3
+    # Learned: the chance that a candidate in the grey zone (below its serving threshold, above 0.7)
+    # is explored: the lookup misses with explore_key, and the caller (the gateway does) reports whether
+    # the model's answer agreed. Such a lookup was a miss anyway (the caller asks the model): exploring
+    # it costs one comparison and one feedback post, so every one is (1.0).
+    match_explore_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    # Learned: the exploration budget, the share of would-be semantic hits missed with explore_key
+    # instead (verified), so the labels above the threshold need no human rating; each costs a model call.
+    match_verify_rate: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.05
 
     # --- request bounds ----------------------------------------------------------------------
     max_value_bytes: Annotated[int, Field(gt=0)] = 1 << 20

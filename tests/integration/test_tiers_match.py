@@ -22,7 +22,9 @@ async def test_a_negated_write_on_a_spares_bs_original_and_a_paraphrase_replaces
 ) -> None:
     await topics_on(kafka)
     # The L3 breaker is not under test (a slow Postgres call on a loaded machine must not open it).
-    options = {"l3_breaker_p99_ms": 10_000.0, "embedder_preload": True}
+    # The fixed rule: a write takes neighbours from 0.92 where no guard fires (a cold learned node takes
+    # near-exact repeats only: tests/unit/tiers/test_match_wiring.py).
+    options = {"l3_breaker_p99_ms": 10_000.0, "embedder_preload": True, "match_rule": "fixed"}
     run = uuid.uuid4().hex[:12]  # a shared Postgres keeps earlier runs' entries: keys and model are new
     model = f"minilm-{run}"
     original, negated, paraphrase = (f"faq:{k}-{run}" for k in ("pw-reset", "pw-not-reset", "pw-reset-2"))

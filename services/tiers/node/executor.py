@@ -192,8 +192,8 @@ class LookupExecutor:
             result = self.node.matcher.best(q.text, cands, key=q.key, tolerance=q.tolerance)
             if result.candidate is None:
                 continue
-            if not result.served and result.verdict != "explore":
-                walk.refused[i] = result
+            if not result.served:
+                walk.refused[i] = result  # an exploration too: it says whether it verifies a hit
             chosen = offers[next(j for j, c in enumerate(cands) if c is result.candidate)]
             if result.served:
                 if chosen.step.source == "l1":
@@ -359,6 +359,7 @@ class LookupExecutor:
                 AccessRecord(record_key, False, latency_us / 1e3, self.node.wall_ms(), trace_id=trace_id)
             )
             if explore is not None:
+                verify = refused is not None and refused.rule == "verify"
                 return Lookup(
                     None,
                     similarity=explore.similarity,
@@ -366,8 +367,9 @@ class LookupExecutor:
                     degraded=degraded,
                     explore_key=explore.entry.key,
                     explore_entry=explore.entry,
-                    miss_rule="uncertain",
-                    miss_reason="explored: ask the model and report whether it agrees",
+                    miss_rule="verify" if verify else "uncertain",
+                    miss_reason=(refused.reason if verify and refused else "explored")
+                    + ": ask the model and report whether it agrees",
                 )
             if refused is not None:
                 return Lookup(

@@ -41,7 +41,8 @@ class Matcher:
         seed: int = 0,
         max_states: int = 100_000,
         deltas: dict[str, float] | None = None,
-        explore_rate: float = 0.3,
+        explore_rate: float = 1.0,
+        verify_rate: float = 0.0,
     ) -> None:
         self.delta = delta
         self.default_similarity_tolerance = default_similarity_tolerance
@@ -50,7 +51,9 @@ class Matcher:
             self.decision = _fixed_decision()
         else:
             # The pooled sigmoid: the most paraphrase hits within δ in bench/semantic.py.
-            learner = ThresholdLearner(delta=delta, model="sigmoid", explore_rate=explore_rate)
+            learner = ThresholdLearner(
+                delta=delta, model="sigmoid", explore_rate=explore_rate, verify_rate=verify_rate
+            )
             table = DeltaTable(deltas or {})
             self.decision = MatchDecision(learner, random.Random(seed).random, deltas=table)
         self._invalidation = _fixed_decision()
@@ -150,6 +153,19 @@ class Matcher:
         floor = self.candidate(meta, 0.0, "l1").similarity_tolerance
         floors = [t for t in (floor, tolerance, serve_from) if t is not None]
         return max(floors)
+
+    def write_threshold(self, meta: EntryMeta) -> float:
+        """How similar a neighbour must be for a write of `meta` (no threshold asked) to make it stale:
+        the entry's tolerance; under the learned decision, where the writer left it at the node's
+        default, no lower than the similarity the node serves a neighbour from for that model, so a
+        write drops only what the node would have served in its place (near-exact repeats only while
+        nothing is certified). A miss filled by a write was judged another question; dropping its
+        neighbours would lose their answers."""
+        threshold = meta.similarity_tolerance
+        if self.learned and abs(threshold - self.default_similarity_tolerance) < 1e-6:
+            serve_from, _ = self.decision.learner_for(meta.model or "").thresholds(None)
+            threshold = max(threshold, min(serve_from, NEAR_EXACT))
+        return threshold
 
     def forget(self, key: str) -> None:
         """The entry was rewritten or dropped: its labels were about another answer."""

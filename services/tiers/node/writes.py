@@ -64,7 +64,9 @@ class Writes:
         node = self.node
         if meta.embedding is not None and node.dim is not None and meta.embedding.shape != (node.dim,):
             raise ValueError(f"embedding has shape {meta.embedding.shape}; this cache uses ({node.dim},)")
-        threshold = meta.similarity_tolerance if invalidate_threshold is None else invalidate_threshold
+        threshold = invalidate_threshold
+        if threshold is None:
+            threshold = node.matcher.write_threshold(meta)
         for _ in range(_STAMP_TRIES):
             now = node.clock.now()
             entry = Entry(replace(meta, created_at_ms=now, updated_at_ms=now, size_bytes=len(blob)), blob)

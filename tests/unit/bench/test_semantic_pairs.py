@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from bench.semantic_pairs import correct_answer, read_pairs, wilson_upper
+from bench.semantic_pairs import correct_answer, hindsight, read_pairs, wilson_upper
 
 
 def test_a_served_answer_is_correct_only_for_a_duplicate_and_its_own_or_an_identical_question() -> None:
@@ -45,3 +45,16 @@ def test_pairs_are_sampled_reproducibly_and_a_bad_line_is_refused(tmp_path: Path
     bad.write_text(json.dumps({"a": "x", "b": "y", "label": 3.5}) + "\n")
     with pytest.raises(typer.BadParameter, match="label 0 or 1"):
         read_pairs(bad, 10, 0)
+
+
+def test_the_bounded_ceiling_needs_enough_answers_to_show_its_bound() -> None:
+    # 100 duplicates answered right at 0.99, then one wrong answer per 50 right ones down to 0.80.
+    best = [(0.99, True, True)] * 100 + [(0.90, False, False)] + [(0.90, True, True)] * 50
+    best += [(0.80, False, False)] * 40 + [(0.80, True, True)] * 10
+    ceiling = hindsight(best, positives=200)
+    top, bounded = ceiling[0.05]
+    assert top == pytest.approx(0.75)  # 0.90: 1 wrong of 151 served is <= 5%
+    assert bounded == pytest.approx(0.75)  # and its 95% bound (3.6%) too
+    top, bounded = ceiling[0.01]
+    assert top == pytest.approx(0.75)  # 1 of 151 is 0.66%
+    assert bounded == 0.0  # 100 right answers alone bound wrong at 3.7%, above 1%

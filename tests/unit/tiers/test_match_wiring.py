@@ -162,10 +162,11 @@ async def test_a_delta_switches_on_the_learned_decision() -> None:
     await rig.cache.put(
         EntryMeta(key="k", kind="prompt", model="m", embedding=base), encode_text("v", model="m")
     )
-    # Cold: nothing is served by similarity, not even at 0.99; candidates are explored.
+    # Cold: nothing is served by similarity, not even at 0.99; every candidate is explored (a miss asks
+    # the model anyway).
     results = [await rig.cache.get(embedding=at_cosine(RNG, base, 0.99)) for _ in range(20)]
     assert not any(r.hit for r in results)
-    assert {r.explore_key for r in results} == {None, "k"}
+    assert {r.explore_key for r in results} == {"k"}
     # Explorations' labels (right above 0.9, wrong below 0.8) warm the pool: then it serves at 0.98.
     other = EntryMeta(key="o", kind="prompt", model="m", embedding=unit(RNG, DIM))
     for i in range(300):
@@ -205,3 +206,59 @@ async def test_a_write_invalidates_neighbours_of_its_own_model_only() -> None:
     assert "other:pw" not in rig.cache.on_invalidated(event)
     event = event.model_copy(update={"model": "m2", "event_id": new_event_id()})  # another event
     assert "other:pw" in rig.cache.on_invalidated(event)
+
+
+async def test_a_warm_node_verifies_a_share_of_would_be_hits_and_labels_them() -> None:
+    matcher = Matcher(delta=0.02, default_similarity_tolerance=0.92, seed=3, verify_rate=0.25)
+    rig = make(matcher=matcher)
+    base = unit(RNG, DIM)
+    await rig.cache.put(
+        EntryMeta(key="k", kind="prompt", model="m", embedding=base), encode_text("v", model="m")
+    )
+    other = EntryMeta(key="o", kind="prompt", model="m", embedding=unit(RNG, DIM))
+    for i in range(300):
+        matcher.feedback(other, 0.9 + 0.099 * (i % 100) / 100, correct=True, explored=True)
+        matcher.feedback(other, 0.6 + 0.2 * (i % 100) / 100, correct=False, explored=True)
+    results = [await rig.cache.get(embedding=at_cosine(RNG, base, 0.98)) for _ in range(80)]
+    verified = [r for r in results if not r.hit]
+    # About a quarter are asked of the model instead, named as verifications; the rest are served.
+    assert 8 <= len(verified) <= 35 and all(r.explore_key == "k" for r in verified)
+    assert {r.miss_rule for r in verified} == {"verify"}
+    learner = matcher.decision.learner
+    labelled = len(learner.pool_sims)
+    for r in verified:
+        assert r.similarity is not None
+        matcher.feedback(
+            EntryMeta(key="k", kind="prompt", model="m", embedding=base), r.similarity, True, explored=True
+        )
+    assert learner.pool_verified[labelled:] == [True] * len(verified)
+    # A node on the fixed rule never verifies.
+    fixed = make(matcher=Matcher(default_similarity_tolerance=0.92, verify_rate=0.25))
+    await fixed.cache.put(
+        EntryMeta(key="k", kind="prompt", model="m", embedding=base), encode_text("v", model="m")
+    )
+    assert all([(await fixed.cache.get(embedding=at_cosine(RNG, base, 0.98))).hit for _ in range(20)])
+
+
+async def test_under_the_learned_decision_a_write_drops_only_what_the_node_would_serve_in_its_place() -> None:
+    # A cold learned node serves no paraphrase, so a write of one (a filled miss: another question to
+    # the node) keeps its neighbours; once warm it drops those at or above its serving threshold.
+    matcher = Matcher(delta=0.02, default_similarity_tolerance=0.92, seed=1)
+    rig = make(matcher=matcher)
+    await put(rig, "q", RESET)
+    assert matcher.write_threshold(asked("p", PARAPHRASE)) == pytest.approx(0.995)
+    assert await put(rig, "p", PARAPHRASE) == ()
+    other = EntryMeta(key="o", kind="prompt", model="m", embedding=unit(RNG, DIM))
+    for i in range(300):
+        matcher.feedback(other, 0.9 + 0.099 * (i % 100) / 100, correct=True, explored=True)
+        matcher.feedback(other, 0.6 + 0.2 * (i % 100) / 100, correct=False, explored=True)
+    serve_from = matcher.decision.learner.thresholds(None)[0]
+    assert matcher.write_threshold(asked("p", PARAPHRASE)) == pytest.approx(max(0.92, serve_from))
+    # The fixed rule keeps the entry's own tolerance.
+    assert Matcher(default_similarity_tolerance=0.92).write_threshold(asked("p", PARAPHRASE)) == 0.92
+
+
+def test_a_writer_s_own_tolerance_still_says_which_neighbours_a_write_takes() -> None:
+    matcher = Matcher(delta=0.02, default_similarity_tolerance=0.92)
+    own = EntryMeta(key="p", kind="prompt", model="m", embedding=embed(PARAPHRASE), similarity_tolerance=0.9)
+    assert matcher.write_threshold(own) == 0.9
