@@ -19,7 +19,9 @@ threshold (with the guards) chosen knowing the labels reaches with wrong <= δ u
 threshold's 95% upper bound on wrong is <= δ (what a rule that must show its bound reaches knowing
 every label from the start: the price of the confidence alone). Beside them, `served_repeats` /
 `wrong_repeats`: answers served because the asked `b` is itself the text of a cached `a` (any cache
-serves these), and `by_similarity`, the same counts without those repeats: the semantic decision's own.
+serves these), and `by_similarity`, the same counts without those repeats: the semantic decision's own;
+`explored`, the misses the node offered for a label, and `verified`, those that were would-be hits (the
+exploration budget's price in hits).
 Prints the table, draws OUT's .png beside it.
 """
 
@@ -136,7 +138,7 @@ async def run_protocol(
     settings = node_settings(delta)
     app = create_app(node(settings, len(pairs)), settings, embedder)
     rng = random.Random(seed + 1)
-    served = correct = wrong = explored = repeats = wrong_repeats = found = 0
+    served = correct = wrong = explored = verified = repeats = wrong_repeats = found = 0
     label = f"shipped ({shipped_rule(settings)})" if delta is None else f"δ = {delta}"
     task = progress.add_task(f"{label}: put and ask", total=2 * len(pairs))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://node") as http:
@@ -167,6 +169,7 @@ async def run_protocol(
                     (await http.post("/v1/feedback", json=fb)).raise_for_status()
             elif got.get("explore_key"):
                 explored += 1
+                verified += got.get("miss_rule") == "verify"
                 key = str(got["explore_key"])
                 fb = {
                     "key": key,
@@ -180,7 +183,8 @@ async def run_protocol(
         "served": served,
         "correct": correct,
         "wrong": wrong,
-        "explored": explored,
+        "explored": explored,  # the model asked to label a candidate: the exploration budget spent
+        "verified": verified,  # of those, would-be hits (the rest were misses anyway)
         "positives": positives,
         "recall": found / positives if positives else 0.0,
         "wrong_rate": wrong / served if served else 0.0,
