@@ -75,16 +75,20 @@ class Matcher:
         """Whether a tier may drop candidates below the entry's own tolerance before the decision."""
         return not self.learned
 
-    def candidate(self, meta: EntryMeta, similarity: float, tier: str) -> Candidate:
-        floor: float | None = meta.similarity_tolerance
+    def own_floor(self, meta: EntryMeta) -> float | None:
+        """The entry's own cosine floor: its tolerance, except under the learned decision where it is just
+        the node's default (then it would cap the learned threshold at the old fixed one)."""
         if self.learned and abs(meta.similarity_tolerance - self.default_similarity_tolerance) < 1e-6:
-            floor = None
+            return None
+        return meta.similarity_tolerance
+
+    def candidate(self, meta: EntryMeta, similarity: float, tier: str) -> Candidate:
         return Candidate(
             meta.key,
             meta.prompt_text or "",
             float(similarity),
             _TIER_RANK.get(tier, 3),
-            floor,
+            self.own_floor(meta),
             self._states.get(meta.key),
             meta.model,
         )
@@ -150,8 +154,7 @@ class Matcher:
         """The similarity a candidate of this entry needs now (for reports)."""
         learner = self.decision.learner_for(meta.model)
         serve_from, _ = learner.thresholds(self._states.get(meta.key))
-        floor = self.candidate(meta, 0.0, "l1").similarity_tolerance
-        floors = [t for t in (floor, tolerance, serve_from) if t is not None]
+        floors = [t for t in (self.own_floor(meta), tolerance, serve_from) if t is not None]
         return max(floors)
 
     def write_threshold(self, meta: EntryMeta) -> float:
@@ -161,11 +164,11 @@ class Matcher:
         write drops only what the node would have served in its place (near-exact repeats only while
         nothing is certified). A miss filled by a write was judged another question; dropping its
         neighbours would lose their answers."""
-        threshold = meta.similarity_tolerance
-        if self.learned and abs(threshold - self.default_similarity_tolerance) < 1e-6:
-            serve_from, _ = self.decision.learner_for(meta.model or "").thresholds(None)
-            threshold = max(threshold, min(serve_from, NEAR_EXACT))
-        return threshold
+        own = self.own_floor(meta)
+        if own is not None:
+            return own
+        serve_from, _ = self.decision.learner_for(meta.model).thresholds(None)
+        return max(meta.similarity_tolerance, min(serve_from, NEAR_EXACT))
 
     def forget(self, key: str) -> None:
         """The entry was rewritten or dropped: its labels were about another answer."""
